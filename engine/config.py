@@ -1,0 +1,142 @@
+"""One settings model for the whole engine.
+
+Loaded from a TOML file (``idolcast.toml`` in the working directory, or
+``--config PATH`` / ``IDOLCAST_CONFIG``), then overridden by environment
+variables ``IDOLCAST_<SECTION>__<KEY>`` (for example ``IDOLCAST_LLM__BACKEND=openai``).
+A bad value is refused at start with the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.asr.config import ASRConfig
+from engine.avatar.config import AvatarConfig
+from engine.llm.config import LLMConfig
+from engine.tts.config import TTSConfig
+from engine.vad.config import VADConfig
+
+ENV_PREFIX = "IDOLCAST_"
+DEFAULT_CONFIG_FILE = "idolcast.toml"
+
+
+class ServerConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="largest accepted request body")
+    max_sessions: int = Field(8, ge=1, le=1024)
+    ice_servers: list[str] = Field(default_factory=list, description="STUN/TURN URLs given to peers")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class PersonaConfig(BaseModel):
+    card: str = Field("builtin:default", description="'builtin:default' or a persona card file")
+    memory_db: str = Field("var/memory.sqlite3", description="SQLite file of the memory bank")
+    enabled: bool = Field(True, description="use the persona memory bank (else a plain system prompt)")
+    system_prompt: str = Field(
+        "You are Aiko, a cheerful virtual idol co-hosting a live stream. "
+        "Answer in one or two short, friendly spoken sentences.",
+        description="used when the persona bank is disabled",
+    )
+
+
+class MQTTConfig(BaseModel):
+    enabled: bool = True
+    url: str = Field("embedded", description="'embedded' (in-process amqtt) or mqtt://host:port")
+    embedded_port: int = Field(1883, ge=0, le=65535)
+    topic_prefix: str = "idol"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    vad: VADConfig = Field(default_factory=VADConfig)  # type: ignore[arg-type]
+    asr: ASRConfig = Field(default_factory=ASRConfig)  # type: ignore[arg-type]
+    llm: LLMConfig = Field(default_factory=LLMConfig)  # type: ignore[arg-type]
+    tts: TTSConfig = Field(default_factory=TTSConfig)  # type: ignore[arg-type]
+    avatar: AvatarConfig = Field(default_factory=AvatarConfig)  # type: ignore[arg-type]
+    persona: PersonaConfig = Field(default_factory=PersonaConfig)
+    mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
+
+
+class ConfigError(Exception):
+    """A configuration value was refused; the message names the file, key and expectation."""
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        value: Any = raw
+        if raw[:1] in "[{":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                pass
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Load the TOML file (if any) and the environment overrides; raise ConfigError on bad values."""
+    env = dict(os.environ if environ is None else environ)
+    explicit = path is not None or "IDOLCAST_CONFIG" in env
+    file = Path(path if path is not None else env.get("IDOLCAST_CONFIG", DEFAULT_CONFIG_FILE))
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if file.exists():
+        source = str(file)
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{file}: not valid TOML: {e}") from e
+    elif explicit:
+        raise ConfigError(f"{file}: config file not found")
+    overrides = _env_overrides(env)
+    try:
+        return Settings.model_validate(_merge(data, overrides))
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            env_name = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
+            origin = f"environment {env_name}" if env_name in env else source
+            got = err.get("input")
+            lines.append(f"{origin}: key '{key}': {err['msg']} (got {got!r})")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def dump_settings(settings: Settings) -> str:
+    """The effective configuration as TOML-ish text (secrets masked)."""
+    data = settings.model_dump(mode="json")
+    if data["llm"].get("api_key"):
+        data["llm"]["api_key"] = "***"
+    out: list[str] = []
+    for section, values in data.items():
+        out.append(f"[{section}]")
+        for k, v in values.items():
+            out.append(f"{k} = {json.dumps(v)}")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,25 @@
+"""The language-model seam."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol, TypedDict
+
+
+class ChatMessage(TypedDict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class LLM(Protocol):
+    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> AsyncIterator[str]:
+        """Stream reply text pieces. Closing the iterator (or cancelling its consumer) stops generation
+        promptly. ``cache_key`` names a conversation whose KV cache the backend may keep and reuse
+        across calls (the persona prefix and history are stable, so only the new tail is prefilled)."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+class LLMError(Exception):
+    """The model or endpoint failed; the message says which and why."""

@@ -1,0 +1,14 @@
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class TTSConfig(BaseModel):
+    """Speech synthesis (Piper) with phoneme alignments."""
+
+    backend: Literal["piper"] = "piper"
+    voice: str = Field("bundled:joe", description="'bundled:joe' or a path to a Piper .onnx voice")
+    length_scale: float = Field(1.0, gt=0.3, le=3.0, description="speaking speed (smaller = faster)")
+    speaker_id: int | None = None
+    first_chunk_min_words: int = Field(2, ge=1, le=20)
+    max_chunk_words: int = Field(40, ge=5, le=200)
