@@ -68,5 +68,5 @@ class ScriptedClock:
         self.set(self._t + dt)
 
     async def sleep_until(self, t: float) -> None:
-        while self._t < t:
+        while self._t < t - 1e-9:  # tolerate float rounding of summed steps
             await self._changed.wait()

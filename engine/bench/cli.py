@@ -1,0 +1,174 @@
+"""``idolcast bench``: voice-to-voice latency, barge-in, WER (and --render, --memory)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+from collections.abc import Iterator
+from math import gcd
+from typing import Any
+
+import numpy as np
+
+from engine.config import Settings
+from engine.progress import ConsoleProgress
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("wavs", nargs="*", help="question WAVs, each with a sidecar .txt transcript")
+    p.add_argument("--url", help="bench a running engine instead of starting one")
+    p.add_argument("--turns", type=int, default=10, help="number of questions (default 10)")
+    p.add_argument("--barge-rounds", type=int, default=3, help="barge-in measurements (0 to skip)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--render", action="store_true", help="frame-generation ms per frame per backend")
+    p.add_argument("--memory", action="store_true", help="persona memory bank recall and search latency")
+
+
+def run_bench(args: argparse.Namespace, settings: Settings) -> int:
+    if args.render:
+        from engine.avatar.bench_render import run_render_bench_cli
+
+        return run_render_bench_cli(args, settings)
+    if args.memory:
+        from persona.bench import run_memory_bench_cli
+
+        return run_memory_bench_cli(args, settings)
+    report = asyncio.run(_voice(args, settings))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_table(report)
+    return 0
+
+
+def _resample(pcm: np.ndarray, src: int, dst: int) -> np.ndarray:
+    from scipy.signal import resample_poly
+
+    if src == dst:
+        return pcm.astype(np.int16)
+    g = gcd(src, dst)
+    y = resample_poly(pcm.astype(np.float32), dst // g, src // g)
+    return np.clip(y, -32768, 32767).astype(np.int16)
+
+
+def read_wav(path: str) -> np.ndarray:
+    with wave.open(path, "rb") as w:
+        if w.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16-bit PCM")
+        raw = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+        ch, rate = w.getnchannels(), w.getframerate()
+    mono = raw.reshape(-1, ch).mean(axis=1) if ch > 1 else raw
+    return _resample(mono, rate, 48000)
+
+
+def _with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 1.5) -> np.ndarray:
+    z = np.zeros
+    return np.concatenate([z(int(48000 * before_s), np.int16), pcm, z(int(48000 * after_s), np.int16)])
+
+
+def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[Any], Any]:
+    from engine.bench.voice import BARGE_IN_PROMPT, BARGE_IN_QUESTION, DEFAULT_QUESTIONS, Question, load_questions
+    from engine.tts.factory import load_tts
+
+    questions: list[Question] = []
+    if args.wavs:
+        for text, path in load_questions(args.wavs):
+            questions.append(Question(text, _with_silence(read_wav(str(path)))))
+    tts = load_tts(settings.tts, ConsoleProgress())
+
+    async def synth(text: str) -> Question:
+        s = await tts.synthesize(text)
+        return Question(text, _with_silence(s.pcm))
+
+    async def all_synth() -> tuple[list[Question], tuple[Question, Question]]:
+        out = list(questions)
+        i = 0
+        while len(out) < args.turns and not args.wavs:
+            out.append(await synth(DEFAULT_QUESTIONS[i % len(DEFAULT_QUESTIONS)]))
+            i += 1
+        return out, (await synth(BARGE_IN_PROMPT), await synth(BARGE_IN_QUESTION))
+
+    return asyncio.run(all_synth())
+
+
+@contextlib.contextmanager
+def engine_process(args: argparse.Namespace) -> Iterator[str]:
+    """Start ``idolcast serve`` on a free port and wait until its models are loaded."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port)]
+    if getattr(args, "config", None):
+        cmd += ["--config", args.config]
+    proc = subprocess.Popen(cmd, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the engine exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/health", timeout=2) as r:
+                health = json.loads(r.read())
+        except OSError:
+            time.sleep(0.3)
+            continue
+        if health["state"] == "ready":
+            return
+        if health["state"] == "failed":
+            raise RuntimeError(f"the engine failed to load: {health['error']}")
+        if health["message"] != last:
+            last = health["message"]
+            print(f"[bench] engine: {last}", file=sys.stderr)
+        time.sleep(0.3)
+    raise TimeoutError("the engine did not become ready")
+
+
+async def _voice(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    from engine.bench.voice import run_voice_bench
+
+    questions, barge = await asyncio.to_thread(build_questions, args, settings)
+    rounds = args.barge_rounds
+    if args.url:
+        wait_ready(args.url)
+        return await run_voice_bench(args.url, questions, barge if rounds else None, rounds)
+    with engine_process(args) as url:
+        return await run_voice_bench(url, questions, barge if rounds else None, rounds)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{'turn':>4}  {'v2v ms':>7}  {'asr':>6} {'llm1':>6} {'chunk1':>6} {'tts1':>6} {'sent1':>6}  transcript")
+    for i, t in enumerate(report["turns"], 1):
+        s = t["stages_ms"]
+
+        def f(k: str, s: dict[str, float] = s) -> str:
+            return f"{s[k]:6.0f}" if k in s else "     -"
+
+        v = t["voice_to_voice_ms"]
+        print(f"{i:>4}  {v if v is not None else '-':>7}  {f('asr_final')} {f('llm_first_token')} "
+              f"{f('first_chunk_text')} {f('tts_first_audio')} {f('first_audio_sent')}  {t['transcript']!r}")
+    for key in ("voice_to_voice_ms", "barge_in_stop_ms"):
+        s = report[key]
+        print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")
+    print(f"wer: {report['wer']}")

@@ -1,0 +1,233 @@
+"""The voice-to-voice bench: spoken questions in, the reply measured as the client receives it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+from engine.asr.wer import word_error_rate
+from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
+from engine.bench.stats import summarize
+from engine.clock import MediaClock
+from engine.tasks import TaskOwner
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUESTIONS = (
+    "What is your favorite color?",
+    "How are you feeling today?",
+    "Can you tell me a fun fact?",
+    "What game should we play next?",
+    "Do you like music?",
+    "What did you eat for breakfast?",
+    "Where would you like to travel?",
+    "What is your favorite season?",
+    "Can you sing a little song?",
+    "What makes you happy?",
+)
+BARGE_IN_PROMPT = "Please tell me a long story about a dragon who loves to sing."
+BARGE_IN_QUESTION = "Wait, stop for a second."
+
+
+@dataclass
+class Question:
+    text: str
+    pcm: np.ndarray  # int16 mono 48 kHz
+
+
+@dataclass
+class TurnResult:
+    question: str
+    transcript: str = ""
+    voice_to_voice_ms: float | None = None
+    stages_ms: dict[str, float] = field(default_factory=dict)
+    timestamps: dict[str, Any] = field(default_factory=dict)
+    barge_in_stop_ms: float | None = None
+    reply: str = ""
+
+
+class EngineConnection:
+    """One bench session against a running engine: peer connection + event socket."""
+
+    def __init__(self, url: str, clock: MediaClock) -> None:
+        self.url = url.rstrip("/")
+        self.clock = clock
+        self.pc = RTCPeerConnection()
+        self.mic = QuestionTrack(clock)
+        self.received = ReceivedAudio()
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._owner = TaskOwner("bench")
+        self.session_id = ""
+        self._http: aiohttp.ClientSession | None = None
+
+    async def open(self, with_video: bool = False) -> None:
+        self._http = aiohttp.ClientSession()
+        self.pc.addTrack(self.mic)
+        if with_video:
+            self.pc.addTransceiver("video", direction="recvonly")
+        self.video_track: Any = None
+
+        @self.pc.on("track")
+        def on_track(track: Any) -> None:
+            if track.kind == "audio":
+                self._owner.spawn(record_audio(track, self.clock, self.received), "record-audio")
+            else:
+                self.video_track = track
+
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        async with self._http.post(f"{self.url}/api/offer", json={"sdp": self.pc.localDescription.sdp,
+                                                                  "type": "offer"}) as r:
+            body = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"offer refused: {r.status} {body}")
+        self.session_id = body["session_id"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        self._owner.spawn(self._read_events(), "events")
+        for _ in range(200):
+            if self.pc.connectionState == "connected":
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"WebRTC did not connect (state {self.pc.connectionState})")
+
+    async def _read_events(self) -> None:
+        assert self._http is not None
+        async with self._http.ws_connect(f"{self.url}/api/sessions/{self.session_id}/events") as ws:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    self.events.put_nowait(json.loads(msg.data))
+
+    async def wait_event(self, kind: str, timeout: float) -> dict[str, Any]:
+        deadline = self.clock.now() + timeout
+        while True:
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                raise TimeoutError(f"no '{kind}' event within {timeout:.0f}s")
+            ev = await asyncio.wait_for(self.events.get(), remaining)
+            if ev.get("type") == kind:
+                return ev
+
+    async def say(self, text: str) -> None:
+        assert self._http is not None
+        async with self._http.post(f"{self.url}/api/sessions/{self.session_id}/say", json={"text": text}) as r:
+            if r.status >= 300:
+                raise RuntimeError(f"say refused: {r.status} {await r.text()}")
+
+    async def close(self) -> None:
+        await self._owner.cancel_all()
+        await self.pc.close()
+        if self._http is not None:
+            await self._http.close()
+
+
+async def _settle(conn: EngineConnection, quiet_s: float = 0.6, timeout: float = 30.0) -> None:
+    """Wait until the idol has been silent for ``quiet_s``."""
+    start = conn.clock.now()
+    while conn.clock.now() - start < timeout:
+        t = conn.received.quiet_from(conn.clock.now() - quiet_s - 0.1, hold_s=quiet_s)
+        if t is not None:
+            return
+        await asyncio.sleep(0.1)
+
+
+def _drain(q: asyncio.Queue[dict[str, Any]]) -> None:
+    while not q.empty():
+        q.get_nowait()
+
+
+async def ask(conn: EngineConnection, q: Question, timeout: float = 60.0) -> TurnResult:
+    result = TurnResult(question=q.text)
+    _drain(conn.events)
+    clip = conn.mic.play(q.pcm)
+    await clip.done.wait()
+    assert clip.sent_end is not None
+    completed = await conn.wait_event("turn_completed", timeout)
+    timings = completed["timings"]
+    result.transcript = timings.get("user_text", "")
+    result.reply = completed.get("played_text", "")
+    result.stages_ms = timings.get("relative_ms", {})
+    result.timestamps = {k: timings.get(k) for k in ("speech_end", "end_of_turn", "asr_final", "llm_first_token",
+                                                        "first_chunk_text", "tts_first_audio", "first_audio_sent")}
+    heard = conn.received.first_loud_after(clip.sent_end)
+    if heard is not None:
+        result.voice_to_voice_ms = round((heard - clip.sent_end) * 1000.0, 1)
+    await _settle(conn)
+    return result
+
+
+async def barge_in(conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
+                   ) -> float | None:
+    """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver."""
+    _drain(conn.events)
+    clip = conn.mic.play(prompt.pcm)
+    await clip.done.wait()
+    assert clip.sent_end is not None
+    while conn.received.first_loud_after(clip.sent_end) is None:
+        await asyncio.sleep(0.02)
+        if conn.clock.now() - clip.sent_end > 30:
+            return None
+    await asyncio.sleep(after_s)
+    over = conn.mic.play(interjection.pcm)
+    await over.done.wait()
+    assert over.sent_start is not None
+    await asyncio.sleep(0.5)
+    stop = conn.received.quiet_from(over.sent_start, hold_s=0.3)
+    await conn.wait_event("turn_completed", 60)  # the interjection's own reply
+    await _settle(conn)
+    if stop is None:
+        return None
+    return round((stop - over.sent_start) * 1000.0, 1)
+
+
+async def run_voice_bench(url: str, questions: Sequence[Question], barge: tuple[Question, Question] | None,
+                          barge_rounds: int = 3) -> dict[str, Any]:
+    clock = MediaClock()
+    conn = EngineConnection(url, clock)
+    await conn.open()
+    turns: list[TurnResult] = []
+    stops: list[float] = []
+    try:
+        await asyncio.sleep(0.5)
+        for q in questions:
+            r = await ask(conn, q)
+            turns.append(r)
+            log.info("turn: %r -> %r v2v=%s ms", q.text, r.transcript, r.voice_to_voice_ms)
+        if barge is not None:
+            for _ in range(barge_rounds):
+                ms = await barge_in(conn, *barge)
+                if ms is not None:
+                    stops.append(ms)
+    finally:
+        await conn.close()
+    v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
+    wer = word_error_rate([q.text for q in questions], [t.transcript for t in turns])
+    stage_names = sorted({k for t in turns for k in t.stages_ms})
+    return {
+        "voice_to_voice_ms": summarize(v2v),
+        "barge_in_stop_ms": summarize(stops),
+        "wer": round(wer, 4),
+        "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
+        "turns": [t.__dict__ for t in turns],
+    }
+
+
+def load_questions(paths: Sequence[str]) -> list[tuple[str, Path]]:
+    """WAV paths with their sidecar transcripts (same name, .txt)."""
+    out = []
+    for p in paths:
+        wav = Path(p)
+        txt = wav.with_suffix(".txt")
+        if not wav.exists():
+            raise FileNotFoundError(f"{wav}: no such file")
+        if not txt.exists():
+            raise FileNotFoundError(f"{txt}: missing transcript sidecar for {wav}")
+        out.append((txt.read_text(encoding="utf-8").strip(), wav))
+    return out

@@ -1,0 +1,180 @@
+"""The HTTP face of the engine: pages, signaling, the session API, events and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+from aiohttp import WSMsgType, web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from engine.avatar.params import EXPRESSIONS, GESTURES
+from engine.config import Settings
+from engine.events import ExpressionCommand, GestureCommand
+from engine.server.engine import Engine, EngineBusy, EngineNotReady
+from engine.server.errors import APIError, json_errors, read_json, require_str
+from engine.server.webrtc import PeerManager
+from engine.session.session import Session, SessionClosed
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+ENGINE_KEY = web.AppKey("engine", Engine)
+PEERS_KEY = web.AppKey("peers", PeerManager)
+MAX_MESSAGE_CHARS = 2000
+
+
+def _engine(request: web.Request) -> Engine:
+    return request.app[ENGINE_KEY]
+
+
+def _session(request: web.Request) -> Session:
+    sid = request.match_info["sid"]
+    session = _engine(request).sessions.get(sid)
+    if session is None:
+        raise APIError(404, f"no session '{sid}'")
+    return session
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = _engine(request)
+    body = engine.status.as_dict() | {"sessions": len(engine.sessions)}
+    if engine.models is not None:
+        body["models"] = engine.models.describe()
+    return web.json_response(body)
+
+
+async def offer(request: web.Request) -> web.Response:
+    data = await read_json(request)
+    try:
+        session, answer = await request.app[PEERS_KEY].answer(data.get("sdp"), data.get("type", "offer"))  # type: ignore[arg-type]
+    except EngineNotReady as e:
+        raise APIError(503, str(e)) from None
+    except EngineBusy as e:
+        raise APIError(503, str(e)) from None
+    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+
+async def say(request: web.Request) -> web.Response:
+    session = _session(request)
+    data = await read_json(request)
+    text = require_str(data, "text", MAX_MESSAGE_CHARS)
+    speaker = data.get("speaker", "host")
+    if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 64:
+        raise APIError(400, "'speaker' must be a name of at most 64 characters")
+    source = "host_text" if speaker == "host" else "chat"
+    try:
+        turn_id = await session.submit_text(text, speaker=speaker, source=source)
+    except asyncio.QueueFull:
+        raise APIError(429, "too many turns waiting; try again in a moment") from None
+    except SessionClosed:
+        raise APIError(410, "session closed") from None
+    return web.json_response({"turn_id": turn_id}, status=202)
+
+
+async def interrupt(request: web.Request) -> web.Response:
+    stopped = await _session(request).interrupt("host")
+    return web.json_response({"interrupted": stopped})
+
+
+async def expression(request: web.Request) -> web.Response:
+    session = _session(request)
+    name = require_str(await read_json(request), "name", 32)
+    if name not in EXPRESSIONS:
+        raise APIError(400, f"unknown expression '{name}' (one of {', '.join(EXPRESSIONS)})")
+    session.command(ExpressionCommand(t=session.clock.now(), name=name))
+    return web.json_response({"expression": name})
+
+
+async def gesture(request: web.Request) -> web.Response:
+    session = _session(request)
+    name = require_str(await read_json(request), "name", 32)
+    if name not in GESTURES:
+        raise APIError(400, f"unknown gesture '{name}' (one of {', '.join(GESTURES)})")
+    session.command(GestureCommand(t=session.clock.now(), name=name))
+    return web.json_response({"gesture": name})
+
+
+async def turns(request: web.Request) -> web.Response:
+    session = _session(request)
+    return web.json_response({"session_id": session.id, "turns": [t.to_dict() for t in session.turns]})
+
+
+async def close(request: web.Request) -> web.Response:
+    if not await _engine(request).close_session(request.match_info["sid"]):
+        raise APIError(404, f"no session '{request.match_info['sid']}'")
+    return web.json_response({"closed": True})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    session = _session(request)
+    ws = web.WebSocketResponse(heartbeat=20)
+    await ws.prepare(request)
+
+    async def drain_incoming() -> None:
+        async for msg in ws:
+            if msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
+                break
+
+    reader = asyncio.ensure_future(drain_incoming())
+    try:
+        async with session.bus.subscribe() as queue:
+            while not ws.closed:
+                get = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    break
+                event = get.result()
+                if event is None:
+                    break
+                await ws.send_str(json.dumps(event, default=str))
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await ws.close()
+    return ws
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(_engine(request).registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def create_app(settings: Settings, engine: Engine | None = None) -> web.Application:
+    engine = engine or Engine(settings)
+    app = web.Application(middlewares=[json_errors], client_max_size=settings.server.max_body_bytes)
+    app[ENGINE_KEY] = engine
+    app[PEERS_KEY] = PeerManager(engine)
+    app.router.add_get("/", index)
+    app.router.add_get("/api/health", health)
+    app.router.add_post("/api/offer", offer)
+    app.router.add_post("/api/sessions/{sid}/say", say)
+    app.router.add_post("/api/sessions/{sid}/interrupt", interrupt)
+    app.router.add_post("/api/sessions/{sid}/expression", expression)
+    app.router.add_post("/api/sessions/{sid}/gesture", gesture)
+    app.router.add_get("/api/sessions/{sid}/turns", turns)
+    app.router.add_get("/api/sessions/{sid}/events", events)
+    app.router.add_delete("/api/sessions/{sid}", close)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_static("/web/", WEB_DIR, show_index=False)
+
+    async def on_startup(app: web.Application) -> None:
+        engine.start_loading()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await app[PEERS_KEY].close_all()
+        await engine.shutdown()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    return app

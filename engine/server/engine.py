@@ -1,0 +1,132 @@
+"""The running engine: shared models (loaded once, with progress), the sessions, the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from engine.config import Settings
+from engine.llm.prompt import PromptProvider
+from engine.models import EngineModels, load_models
+from engine.session.session import Session
+from engine.session.timings import TurnMetrics
+from engine.tasks import TaskOwner
+
+log = logging.getLogger(__name__)
+
+PromptFactory = Callable[[str], PromptProvider]
+SessionHook = Callable[[Session], Awaitable[None]]
+
+
+@dataclass
+class LoadStatus:
+    state: str = "loading"  # loading | ready | failed
+    stage: str = ""
+    message: str = "starting"
+    fraction: float | None = None
+    error: str | None = None
+    log: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "stage": self.stage, "message": self.message,
+                "fraction": self.fraction, "error": self.error}
+
+
+class EngineBusy(Exception):
+    pass
+
+
+class EngineNotReady(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, settings: Settings, models: EngineModels | None = None) -> None:
+        self.settings = settings
+        self.models = models
+        self.status = LoadStatus(state="ready" if models else "loading", message="ready" if models else "")
+        self.sessions: dict[str, Session] = {}
+        self.registry = CollectorRegistry()
+        self.turn_metrics = TurnMetrics(self.registry)
+        self._sessions_gauge = Gauge("idolcast_sessions", "Open sessions", registry=self.registry)
+        self._owner = TaskOwner("engine")
+        self._ready = asyncio.Event()
+        if models is not None:
+            self._ready.set()
+        self.prompt_factory: PromptFactory | None = None
+        self.on_session_created: list[SessionHook] = []
+        self.on_session_closed: list[SessionHook] = []
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    def _progress(self, stage: str, message: str, fraction: float | None = None) -> None:
+        self.status.stage, self.status.message, self.status.fraction = stage, message, fraction
+        self.status.log.append(f"[{stage}] {message}")
+        del self.status.log[:-50]
+        log.info("[%s] %s", stage, message)
+
+    def start_loading(self) -> None:
+        if self.models is None:
+            self._owner.spawn(self._load(), "load-models")
+
+    async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def progress(stage: str, message: str, fraction: float | None = None) -> None:
+            loop.call_soon_threadsafe(self._progress, stage, message, fraction)
+
+        try:
+            self.models = await asyncio.to_thread(load_models, self.settings, progress)
+        except Exception as e:
+            log.exception("loading models failed")
+            self.status.state, self.status.error = "failed", f"{type(e).__name__}: {e}"
+            return
+        self.status.state, self.status.message, self.status.fraction = "ready", "ready", 1.0
+        self._ready.set()
+
+    async def wait_ready(self, timeout: float | None = None) -> EngineModels:
+        await asyncio.wait_for(self._ready.wait(), timeout)
+        assert self.models is not None
+        return self.models
+
+    # ---- sessions ------------------------------------------------------------------------------
+
+    async def create_session(self) -> Session:
+        if self.status.state == "failed":
+            raise EngineNotReady(f"the engine failed to load: {self.status.error}")
+        if self.models is None:
+            raise EngineNotReady(f"the engine is still loading ({self.status.message or 'starting'})")
+        if len(self.sessions) >= self.settings.server.max_sessions:
+            raise EngineBusy(f"too many sessions (max {self.settings.server.max_sessions})")
+        sid = uuid.uuid4().hex[:12]
+        prompt = self.prompt_factory(sid) if self.prompt_factory else None
+        session = Session(sid, self.settings, self.models, prompt=prompt, metrics=self.turn_metrics)
+        self.sessions[sid] = session
+        self._sessions_gauge.set(len(self.sessions))
+        for hook in self.on_session_created:
+            await hook(session)
+        return session
+
+    async def close_session(self, sid: str) -> bool:
+        session = self.sessions.pop(sid, None)
+        if session is None:
+            return False
+        self._sessions_gauge.set(len(self.sessions))
+        for hook in self.on_session_closed:
+            try:
+                await hook(session)
+            except Exception:
+                log.exception("session-closed hook failed")
+        await session.close()
+        return True
+
+    async def shutdown(self) -> None:
+        for sid in list(self.sessions):
+            await self.close_session(sid)
+        await self._owner.cancel_all()

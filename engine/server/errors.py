@@ -1,0 +1,69 @@
+"""HTTP errors as JSON: every refusal says what was wrong, in one place."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message, "status": status}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as e:
+        return error_response(e.status, e.message)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app._client_max_size
+        return error_response(413, f"request body too large (limit {limit} bytes)")
+    except web.HTTPException as e:
+        if e.status >= 400 and request.path.startswith("/api/"):
+            return error_response(e.status, e.reason)
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal error (see the engine log)")
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or a 4xx that says why not."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    if not raw:
+        raise APIError(400, "empty body: expected a JSON object")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"malformed JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "expected a JSON object")
+    return data
+
+
+def require_str(data: dict[str, Any], key: str, max_len: int = 100_000) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise APIError(400, f"'{key}' must be a non-empty string")
+    if len(value) > max_len:
+        raise APIError(413, f"'{key}' is too long ({len(value)} > {max_len} characters)")
+    return value

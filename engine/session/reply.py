@@ -1,0 +1,122 @@
+"""One reply: prompt → LLM tokens → chunks → guard → TTS → playout.
+
+The LLM side and the TTS side run as two tasks joined by a small queue, so the
+first clause is synthesized while the model is still writing the rest. The whole
+reply is one cancellable task: barge-in cancels it, and the session flushes the
+playout buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.clock import Clock
+from engine.events import ExpressionCommand, GestureCommand, ReplyChunk, SpeechAudio, UserTurn
+from engine.llm.base import LLM
+from engine.llm.prompt import PromptProvider
+from engine.session.timings import TurnTimings
+from engine.text.chunker import ReplyChunker
+from engine.transport.playout import PlayoutBuffer
+from engine.tts.base import TTS
+from engine.tts.config import TTSConfig
+
+Publish = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ReplyContext:
+    llm: LLM
+    tts: TTS
+    tts_config: TTSConfig
+    prompt: PromptProvider
+    playout: PlayoutBuffer
+    clock: Clock
+    publish: Publish
+    cache_key: str
+    on_command: Callable[[ExpressionCommand | GestureCommand], None]
+
+
+async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> int:
+    """Generate, synthesize and queue the reply to ``turn``; returns the number of chunks queued."""
+    clock = ctx.clock
+    messages = await ctx.prompt.build_prompt(turn)
+    chunks: asyncio.Queue[ReplyChunk | None] = asyncio.Queue(maxsize=8)
+
+    async def write() -> None:
+        chunker = ReplyChunker(
+            first_chunk_min_words=ctx.tts_config.first_chunk_min_words,
+            max_chunk_words=ctx.tts_config.max_chunk_words,
+        )
+        index = 0
+
+        async def emit(text: str, expressions: tuple[str, ...], gestures: tuple[str, ...]) -> None:
+            nonlocal index
+            guarded = ctx.prompt.guard(text)
+            if not guarded or not guarded.strip():
+                # Nothing to say, but the face still reacts now.
+                for name in expressions:
+                    ctx.on_command(ExpressionCommand(t=clock.now(), name=name, source="llm"))
+                for name in gestures:
+                    ctx.on_command(GestureCommand(t=clock.now(), name=name, source="llm"))
+                return
+            timings.mark("first_chunk_text", clock.now())
+            await chunks.put(
+                ReplyChunk(
+                    t=clock.now(),
+                    turn_id=turn.turn_id,
+                    index=index,
+                    text=guarded,
+                    expressions=expressions,
+                    gestures=gestures,
+                )
+            )
+            index += 1
+
+        stream = ctx.llm.stream(messages, cache_key=ctx.cache_key)
+        try:
+            async for piece in stream:
+                timings.mark("llm_first_token", clock.now())
+                ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": piece})
+                for c in chunker.feed(piece):
+                    await emit(c.text, tuple(c.expressions), tuple(c.gestures))
+            for c in chunker.flush():
+                await emit(c.text, tuple(c.expressions), tuple(c.gestures))
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            await chunks.put(None)
+
+    queued = 0
+
+    async def speak() -> None:
+        nonlocal queued
+        while (chunk := await chunks.get()) is not None:
+            synth = await ctx.tts.synthesize(chunk.text)
+            if len(synth.pcm) == 0:
+                continue
+            timings.mark("tts_first_audio", clock.now())
+            await ctx.playout.wait_for_room()
+            ctx.playout.enqueue(
+                SpeechAudio(
+                    t=clock.now(),
+                    turn_id=turn.turn_id,
+                    index=chunk.index,
+                    text=chunk.text,
+                    pcm=synth.pcm,
+                    sample_rate=synth.sample_rate,
+                    phonemes=synth.phonemes,
+                    words=synth.words,
+                    expressions=chunk.expressions,
+                    gestures=chunk.gestures,
+                )
+            )
+            queued += 1
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(write(), name=f"reply{turn.turn_id}:llm")
+        tg.create_task(speak(), name=f"reply{turn.turn_id}:tts")
+    return queued

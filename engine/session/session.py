@@ -1,0 +1,306 @@
+"""A session: one host connection, its media clock, and the conversation running on it.
+
+Data flow (one task per stage, all owned by the session's :class:`TaskOwner`)::
+
+    mic track ─► mic task: resample 16 kHz ─► VAD ─► ASR stream (partials, speculation)
+                                            │
+                          end of turn ──────┴─► turn queue ◄── text / chat turns
+                                                    │
+                          conversation task ─► reply task: LLM ─► chunker ─► guard ─► TTS
+                                                                                   │
+    audio track ◄── playout buffer (bounded, on the clock) ◄───────────────────────┘
+
+Barge-in: speech from the host while the idol talks flushes the playout buffer (with a
+short fade) and cancels the reply task; the history keeps only what was heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamTrack
+
+from engine.clock import Clock, MediaClock
+from engine.config import Settings
+from engine.events import (
+    ExpressionCommand,
+    GestureCommand,
+    SpeechAudio,
+    TurnSource,
+    UserTurn,
+)
+from engine.llm.prompt import PromptProvider, SimplePromptProvider
+from engine.models import EngineModels
+from engine.session.bus import EventBus
+from engine.session.reply import ReplyContext, run_reply
+from engine.session.timings import TurnMetrics, TurnTimings
+from engine.tasks import TaskOwner, cancel_and_wait
+from engine.transport.audio_out import IdolAudioTrack
+from engine.transport.mic_in import MIC_RATE, mic_chunks
+from engine.transport.playout import HeardChunk, PlayoutBuffer
+from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechStarted
+
+log = logging.getLogger(__name__)
+
+PREROLL_S = 0.3
+
+
+class SessionClosed(Exception):
+    pass
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        settings: Settings,
+        models: EngineModels,
+        *,
+        clock: Clock | None = None,
+        prompt: PromptProvider | None = None,
+        metrics: TurnMetrics | None = None,
+    ) -> None:
+        self.id = session_id
+        self.settings = settings
+        self.models = models
+        self.clock: Clock = clock or MediaClock()
+        self.prompt: PromptProvider = prompt or SimplePromptProvider(settings.persona.system_prompt)
+        self.metrics = metrics
+        self.bus = EventBus()
+        self.playout = PlayoutBuffer()
+        self.audio_track = IdolAudioTrack(self.clock, self.playout)
+        self.turns: deque[TurnTimings] = deque(maxlen=500)
+        self._owner = TaskOwner(f"session-{session_id}")
+        self._turn_queue: asyncio.Queue[UserTurn] = asyncio.Queue(maxsize=16)
+        self._next_turn_id = 1
+        self._active: dict[int, TurnTimings] = {}
+        self._heard: dict[int, list[HeardChunk]] = defaultdict(list)
+        self._finished_chunks: dict[int, int] = defaultdict(int)
+        self._chunk_done = asyncio.Event()
+        self._reply_task: asyncio.Task[None] | None = None
+        self._reply_turn: UserTurn | None = None
+        self._interrupted: set[int] = set()
+        self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{session_id}")
+        self._closed = False
+        self.command_listeners: list[Callable[[ExpressionCommand | GestureCommand], None]] = []
+        self.playout.on_chunk_started.append(self._chunk_started)
+        self.playout.on_chunk_finished.append(self._chunk_finished)
+        self._owner.spawn(self._conversation(), "conversation")
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def attach_mic(self, track: MediaStreamTrack) -> None:
+        self._owner.spawn(self._listen(track), "mic")
+
+    async def submit_text(self, text: str, speaker: str = "host", source: TurnSource = "host_text") -> int:
+        """A typed or chat message becomes a turn like speech does; returns its turn id."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        text = text.strip()
+        if not text:
+            raise ValueError("empty message")
+        now = self.clock.now()
+        turn = self._new_turn(text, source, speaker, now)
+        self._active[turn.turn_id].end_of_turn = now
+        self._active[turn.turn_id].asr_final = now
+        self._turn_queue.put_nowait(turn)
+        return turn.turn_id
+
+    async def interrupt(self, reason: str = "host") -> bool:
+        """Stop the idol now: flush queued audio (with a short fade) and cancel the reply."""
+        task, turn = self._reply_task, self._reply_turn
+        speaking = self.playout.active or (task is not None and not task.done())
+        if not speaking:
+            return False
+        t = self.clock.now()
+        for heard in self.playout.flush():
+            self._heard[heard.audio.turn_id].append(heard)
+        if turn is not None:
+            self._interrupted.add(turn.turn_id)
+        self._chunk_done.set()
+        self.bus.publish({"type": "interrupted", "t": t, "reason": reason})
+        await cancel_and_wait(task)
+        return True
+
+    def command(self, cmd: ExpressionCommand | GestureCommand) -> None:
+        for listener in self.command_listeners:
+            listener(cmd)
+        kind = "expression" if isinstance(cmd, ExpressionCommand) else "gesture"
+        self.bus.publish({"type": kind, "name": cmd.name, "source": cmd.source, "t": cmd.t})
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.playout.flush()
+        await cancel_and_wait(self._reply_task)
+        await self._owner.cancel_all()
+        self.audio_track.stop()
+        self._vad_pool.shutdown(wait=False, cancel_futures=True)
+        self.bus.close()
+
+    # ---- turns ---------------------------------------------------------------------------
+
+    def _new_turn(self, text: str, source: TurnSource, speaker: str, t: float) -> UserTurn:
+        turn_id = self._next_turn_id
+        self._next_turn_id += 1
+        self._active[turn_id] = TurnTimings(turn_id=turn_id, source=source, user_text=text)
+        self.bus.publish({"type": "user_turn", "turn_id": turn_id, "text": text, "source": source,
+                          "speaker": speaker, "t": t})
+        return UserTurn(t=t, text=text, source=source, speaker=speaker, turn_id=turn_id)
+
+    def _reply_context(self) -> ReplyContext:
+        return ReplyContext(
+            llm=self.models.llm,
+            tts=self.models.tts,
+            tts_config=self.settings.tts,
+            prompt=self.prompt,
+            playout=self.playout,
+            clock=self.clock,
+            publish=self.bus.publish,
+            cache_key=self.id,
+            on_command=self.command,
+        )
+
+    async def _conversation(self) -> None:
+        while True:
+            turn = await self._turn_queue.get()
+            timings = self._active[turn.turn_id]
+            self._reply_turn = turn
+            reply = self._reply(turn, self._reply_context(), timings)
+            self._reply_task = self._owner.spawn(reply, f"reply{turn.turn_id}")
+            await asyncio.wait([self._reply_task])
+            self._complete(turn, timings)
+
+    async def _reply(self, turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> None:
+        try:
+            queued = await run_reply(turn, ctx, timings)
+            while self._finished_chunks[turn.turn_id] < queued and turn.turn_id not in self._interrupted:
+                self._chunk_done.clear()
+                await self._chunk_done.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # one stage failed: end this turn, keep the session
+            stage = _stage_of(e)
+            log.exception("turn %d failed in %s", turn.turn_id, stage)
+            timings.error = f"{stage}: {e}"
+            self.bus.publish({"type": "error", "stage": stage, "message": str(e), "turn_id": turn.turn_id})
+
+    def _complete(self, turn: UserTurn, timings: TurnTimings) -> None:
+        heard = self._heard.pop(turn.turn_id, [])
+        heard.sort(key=lambda h: h.audio.index)
+        played = " ".join(h.heard_text() for h in heard).strip()
+        interrupted = turn.turn_id in self._interrupted
+        self._interrupted.discard(turn.turn_id)
+        self._finished_chunks.pop(turn.turn_id, None)
+        timings.interrupted = interrupted
+        self._active.pop(turn.turn_id, None)
+        self.turns.append(timings)
+        if self.metrics is not None:
+            self.metrics.observe(timings)
+        self.bus.publish({"type": "turn_completed", "turn_id": turn.turn_id, "played_text": played,
+                          "interrupted": interrupted, "timings": timings.to_dict()})
+        self._owner.spawn(self.prompt.record_turn(turn, played, interrupted), f"record{turn.turn_id}")
+        self._reply_turn = None
+
+    # ---- playout callbacks (on the loop) ----------------------------------------------------
+
+    def _chunk_started(self, audio: SpeechAudio, t: float) -> None:
+        timings = self._active.get(audio.turn_id)
+        if timings is not None:
+            timings.mark("first_audio_sent", t)
+        for name in audio.expressions:
+            self.command(ExpressionCommand(t=t, name=name, source="llm"))
+        for name in audio.gestures:
+            self.command(GestureCommand(t=t, name=name, source="llm"))
+        self.bus.publish({
+            "type": "caption", "turn_id": audio.turn_id, "index": audio.index, "text": audio.text, "t": t,
+            "duration": audio.duration_s,
+            "words": [{"w": w.word, "start": t + w.start_s, "end": t + w.end_s} for w in audio.words],
+        })
+
+    def _chunk_finished(self, heard: HeardChunk) -> None:
+        self._heard[heard.audio.turn_id].append(heard)
+        self._finished_chunks[heard.audio.turn_id] += 1
+        self._chunk_done.set()
+
+    # ---- listening -------------------------------------------------------------------------
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        loop = asyncio.get_running_loop()
+        vad = self.models.new_vad()
+        preroll: deque[np.ndarray] = deque(maxlen=int(PREROLL_S * MIC_RATE / 320) + 1)
+        stream = None
+        turn_owner = TaskOwner(f"session-{self.id}-asr")
+        try:
+            async for chunk in mic_chunks(track, self.clock):
+                events = await loop.run_in_executor(self._vad_pool, vad.feed, chunk.audio, chunk.t)
+                if stream is not None:
+                    stream.append(chunk.audio)
+                else:
+                    preroll.append(chunk.audio)
+                for ev in events:
+                    if isinstance(ev, VADSpeechStarted):
+                        stream = self.models.asr.new_stream()
+                        for piece in preroll:
+                            stream.append(piece)
+                        preroll.clear()
+                        self.bus.publish({"type": "speech_started", "t": ev.t})
+                        turn_owner.spawn(self._partials(stream), "partials")
+                        if self.playout.active or (self._reply_task and not self._reply_task.done()):
+                            turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
+                    elif isinstance(ev, VADSpeechPaused) and stream is not None:
+                        turn_owner.spawn(stream.speculate(), "speculate")
+                    elif isinstance(ev, VADEndOfTurn) and stream is not None:
+                        self.bus.publish({"type": "speech_ended", "t": ev.speech_end_t})
+                        turn_owner.spawn(self._finalize(stream, ev.speech_end_t, ev.t), "final")
+                        stream = None
+        finally:
+            await turn_owner.cancel_all()
+
+    async def _partials(self, stream: Any) -> None:
+        interval = self.settings.asr.partial_interval_ms / 1000.0
+        last = ""
+        while True:
+            await asyncio.sleep(interval)
+            if getattr(stream, "closed", False):
+                return
+            tr = await stream.partial()
+            if tr.text and tr.text != last:
+                last = tr.text
+                self.bus.publish({"type": "partial", "text": tr.text, "stable": tr.stable_text,
+                                  "t": self.clock.now()})
+
+    async def _finalize(self, stream: Any, speech_end: float, eot: float) -> None:
+        final = await stream.final()
+        now = self.clock.now()
+        text = final.text.strip()
+        if not text:
+            self.bus.publish({"type": "final", "text": "", "t": now})
+            return
+        turn = self._new_turn(text, "voice", "host", now)
+        timings = self._active[turn.turn_id]
+        timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
+        self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
+        self._turn_queue.put_nowait(
+            UserTurn(t=now, text=text, source="voice", speaker="host", turn_id=turn.turn_id,
+                     speech_end_t=speech_end)
+        )
+
+
+def _stage_of(e: BaseException) -> str:
+    module = type(e).__module__ or ""
+    tb = e.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", module)
+        tb = tb.tb_next
+    for stage in ("llm", "tts", "asr", "text", "persona"):
+        if f".{stage}" in module or module.startswith(stage):
+            return stage
+    return "session"

@@ -1,0 +1,99 @@
+"""Per-turn timestamps on the session clock, and the Prometheus histograms built from them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, fields
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+log = logging.getLogger(__name__)
+
+STAGES = (
+    "speech_end",  # the host stopped speaking (VAD, from the audio itself)
+    "end_of_turn",  # the silence was long enough: the turn is over
+    "asr_final",  # the final transcript is known
+    "llm_first_token",
+    "first_chunk_text",  # the first clause is ready for TTS
+    "tts_first_audio",  # its audio is synthesized
+    "first_audio_sent",  # the first reply audio frame left the audio track
+)
+
+
+@dataclass
+class TurnTimings:
+    turn_id: int
+    source: str
+    user_text: str = ""
+    speech_end: float | None = None
+    end_of_turn: float | None = None
+    asr_final: float | None = None
+    llm_first_token: float | None = None
+    first_chunk_text: float | None = None
+    tts_first_audio: float | None = None
+    first_audio_sent: float | None = None
+    interrupted: bool = False
+    error: str | None = None
+
+    def mark(self, stage: str, t: float) -> None:
+        if stage not in STAGES:
+            raise KeyError(stage)
+        if getattr(self, stage) is None:
+            setattr(self, stage, t)
+
+    @property
+    def origin(self) -> float | None:
+        """The turn's zero: end of speech for voice, arrival of the text otherwise."""
+        return self.speech_end if self.speech_end is not None else self.end_of_turn
+
+    def relative_ms(self) -> dict[str, float]:
+        """Milliseconds from the turn's origin to each stage that happened."""
+        o = self.origin
+        if o is None:
+            return {}
+        out: dict[str, float] = {}
+        for name in STAGES:
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = round((v - o) * 1000.0, 1)
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["relative_ms"] = self.relative_ms()
+        return d
+
+
+class TurnMetrics:
+    """Prometheus histograms: ms from the turn's origin to each stage."""
+
+    BUCKETS = (50, 100, 200, 300, 400, 500, 600, 800, 1000, 1200, 1500, 2000, 3000, 5000, 10000)
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.stage_ms = Histogram(
+            "idolcast_turn_stage_ms",
+            "Milliseconds from the end of the host's speech (or the text's arrival) to each stage",
+            ["stage", "source"],
+            buckets=self.BUCKETS,
+            registry=registry,
+        )
+        self.turns = Counter(
+            "idolcast_turns_total", "Completed turns", ["source", "outcome"], registry=registry
+        )
+
+    def observe(self, timings: TurnTimings) -> None:
+        for stage, ms in timings.relative_ms().items():
+            if stage != "speech_end":
+                self.stage_ms.labels(stage=stage, source=timings.source).observe(ms)
+        outcome = "error" if timings.error else ("interrupted" if timings.interrupted else "ok")
+        self.turns.labels(source=timings.source, outcome=outcome).inc()
+        log.info(
+            "turn %d (%s) %s: %s",
+            timings.turn_id,
+            timings.source,
+            outcome,
+            " ".join(f"{k}={v:.0f}ms" for k, v in timings.relative_ms().items()),
+        )
+
+
+STAGE_FIELDS = tuple(f.name for f in fields(TurnTimings) if f.name in STAGES)

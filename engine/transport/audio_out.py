@@ -1,0 +1,56 @@
+"""The idol's outgoing audio track: 20 ms frames paced by the session media clock."""
+
+from __future__ import annotations
+
+import fractions
+import logging
+
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
+
+from engine.clock import Clock
+from engine.transport.playout import PlayoutBuffer
+
+log = logging.getLogger(__name__)
+
+PTIME_S = 0.020
+
+
+class IdolAudioTrack(MediaStreamTrack):
+    """Pull-based: each ``recv`` waits for the frame's clock time, then takes 20 ms from the buffer.
+
+    Frame ``i`` carries pts ``round(t_i * rate)`` where ``t_i`` is its clock time, so the
+    audio pts and the video pts (``round(t * 90000)``) live on one timeline.
+    """
+
+    kind = "audio"
+
+    def __init__(self, clock: Clock, playout: PlayoutBuffer) -> None:
+        super().__init__()
+        self.clock = clock
+        self.playout = playout
+        self.rate = playout.rate
+        self.samples_per_frame = int(self.rate * PTIME_S)
+        self._t0: float | None = None
+        self._frames = 0
+        self.late_frames = 0
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._t0 is None:
+            # Align to the frame grid so pts are exact multiples of a frame.
+            self._t0 = round(self.clock.now() / PTIME_S) * PTIME_S
+            self.playout.start(self._t0)
+        t = self._t0 + self._frames * PTIME_S
+        await self.clock.sleep_until(t)
+        if self.clock.now() - t > 0.1:
+            self.late_frames += 1
+        pcm = self.playout.pull(self.samples_per_frame)
+        self._frames += 1
+        frame = AudioFrame(format="s16", layout="mono", samples=self.samples_per_frame)
+        frame.planes[0].update(pcm.tobytes())
+        frame.pts = round(t * self.rate)
+        frame.sample_rate = self.rate
+        frame.time_base = fractions.Fraction(1, self.rate)
+        return frame

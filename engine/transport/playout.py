@@ -1,0 +1,186 @@
+"""The idol's speech playout buffer: synthesized chunks waiting to be played, on the media clock.
+
+Audio is one continuous sample stream: sample ``n`` of the outgoing track plays at
+``t0 + n / rate`` on the session clock. A chunk queued here therefore has an exact
+start time as soon as it is queued, which the animator uses to move the lips for
+it ahead of time. The buffer is bounded in milliseconds of media: ``wait_for_room``
+applies back-pressure to TTS. ``flush`` cuts playback (barge-in) with a short fade
+and reports what was actually heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.events import SpeechAudio
+
+
+@dataclass
+class _Queued:
+    audio: SpeechAudio
+    start_sample: int  # position in the track's sample timeline
+    played: int = 0  # samples of this chunk already taken
+
+    @property
+    def end_sample(self) -> int:
+        return self.start_sample + len(self.audio.pcm)
+
+
+@dataclass(frozen=True, slots=True)
+class HeardChunk:
+    """What the audience heard of one chunk: ``played_s`` of ``audio``."""
+
+    audio: SpeechAudio
+    played_s: float
+
+    @property
+    def complete(self) -> bool:
+        return self.played_s >= self.audio.duration_s - 1e-6
+
+    def heard_text(self) -> str:
+        if self.complete or not self.audio.words:
+            return self.audio.text if self.complete else _prefix_by_ratio(self.audio.text, self.ratio)
+        return " ".join(w.word for w in self.audio.words if w.end_s <= self.played_s + 0.02)
+
+    @property
+    def ratio(self) -> float:
+        d = self.audio.duration_s
+        return 1.0 if d <= 0 else min(1.0, self.played_s / d)
+
+
+def _prefix_by_ratio(text: str, ratio: float) -> str:
+    words = text.split()
+    return " ".join(words[: int(len(words) * ratio)])
+
+
+ScheduledCallback = Callable[[SpeechAudio, float], None]
+"""Called with a chunk and the clock time its first sample will play."""
+
+
+class PlayoutBuffer:
+    def __init__(self, sample_rate: int = 48000, max_buffered_ms: int = 20000, fade_ms: int = 15) -> None:
+        self.rate = sample_rate
+        self.max_buffered = sample_rate * max_buffered_ms // 1000
+        self.fade_samples = sample_rate * fade_ms // 1000
+        self._queue: deque[_Queued] = deque()
+        self._cursor = 0  # next sample to be pulled
+        self._t0: float | None = None  # clock time of sample 0
+        self._fade_tail: np.ndarray | None = None
+        self._room = asyncio.Condition()
+        self.on_scheduled: list[ScheduledCallback] = []
+        self.on_chunk_started: list[Callable[[SpeechAudio, float], None]] = []
+        self.on_chunk_finished: list[Callable[[HeardChunk], None]] = []
+
+    # ---- producer side (event loop) ---------------------------------------------------
+
+    @property
+    def buffered_samples(self) -> int:
+        if not self._queue:
+            return 0
+        return self._queue[-1].end_sample - self._cursor
+
+    @property
+    def active(self) -> bool:
+        """True while speech is queued or playing."""
+        return bool(self._queue)
+
+    def _end_sample(self) -> int:
+        if self._queue:
+            return self._queue[-1].end_sample
+        return self._cursor + (len(self._fade_tail) if self._fade_tail is not None else 0)
+
+    def start_time_of(self, sample: int) -> float | None:
+        return None if self._t0 is None else self._t0 + sample / self.rate
+
+    async def wait_for_room(self) -> None:
+        async with self._room:
+            await self._room.wait_for(lambda: self.buffered_samples < self.max_buffered)
+
+    def enqueue(self, audio: SpeechAudio) -> float | None:
+        """Queue a chunk; returns the clock time its first sample will play (None before the track starts)."""
+        if audio.sample_rate != self.rate:
+            raise ValueError(f"playout expects {self.rate} Hz audio, got {audio.sample_rate}")
+        if len(audio.pcm) == 0:
+            return None
+        item = _Queued(audio, self._end_sample())
+        self._queue.append(item)
+        start = self.start_time_of(item.start_sample)
+        if start is not None:
+            for cb in self.on_scheduled:
+                cb(audio, start)
+        return start
+
+    def flush(self) -> list[HeardChunk]:
+        """Drop everything queued (barge-in). The chunk playing fades out over ``fade_ms``."""
+        heard: list[HeardChunk] = []
+        if self._queue:
+            cur = self._queue[0]
+            if cur.played > 0:
+                tail = cur.audio.pcm[cur.played : cur.played + self.fade_samples].astype(np.float32)
+                ramp = np.linspace(1.0, 0.0, len(tail), endpoint=False, dtype=np.float32)
+                self._fade_tail = (tail * ramp).astype(np.int16)
+            for q in self._queue:
+                if q.played > 0:
+                    heard.append(HeardChunk(q.audio, q.played / self.rate))
+        self._queue.clear()
+        self._notify_room()
+        return heard
+
+    def _notify_room(self) -> None:
+        async def notify() -> None:
+            async with self._room:
+                self._room.notify_all()
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        # Completes at once: the condition is only awaited on this loop.
+        loop.call_soon(lambda: asyncio.ensure_future(notify()))
+
+    # ---- consumer side (the audio track) ------------------------------------------------
+
+    def start(self, t0: float) -> None:
+        """The track's sample 0 plays at clock time ``t0``."""
+        if self._t0 is not None:
+            return
+        self._t0 = t0
+        for q in self._queue:
+            for cb in self.on_scheduled:
+                cb(q.audio, t0 + q.start_sample / self.rate)
+
+    def pull(self, n: int) -> np.ndarray:
+        """The next ``n`` samples (int16): speech, the fade after a flush, or silence."""
+        out = np.zeros(n, dtype=np.int16)
+        pos = 0
+        if self._fade_tail is not None:
+            k = min(n, len(self._fade_tail))
+            out[:k] = self._fade_tail[:k]
+            self._fade_tail = self._fade_tail[k:] if k < len(self._fade_tail) else None
+            pos = k
+        while pos < n and self._queue:
+            q = self._queue[0]
+            frame_sample = self._cursor + pos
+            if q.start_sample > frame_sample:  # a gap before this chunk: silence
+                pos += min(n - pos, q.start_sample - frame_sample)
+                continue
+            if q.played == 0:
+                t = self.start_time_of(q.start_sample)
+                for cb in self.on_chunk_started:
+                    cb(q.audio, t if t is not None else 0.0)
+            k = min(n - pos, len(q.audio.pcm) - q.played)
+            out[pos : pos + k] = q.audio.pcm[q.played : q.played + k]
+            q.played += k
+            pos += k
+            if q.played >= len(q.audio.pcm):
+                self._queue.popleft()
+                for cb in self.on_chunk_finished:
+                    cb(HeardChunk(q.audio, q.played / self.rate))
+                self._notify_room()
+        self._cursor += n
+        return out

@@ -1,0 +1,137 @@
+"""End to end with the real bundled models and two real aiortc peers (the bench's client and the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.asr.wer import wer
+from engine.bench.voice import EngineConnection
+from engine.clock import MediaClock
+from engine.llm.base import ChatMessage
+from tests.conftest import resample_linear, synthesize_speech
+from tests.engine.conftest import LiveServer
+
+pytestmark = pytest.mark.integration
+
+
+def speech_48k(text: str, pad_s: float = 1.0) -> np.ndarray:
+    pcm, rate = synthesize_speech(text)
+    pcm48 = resample_linear(pcm, rate, 48000).astype(np.int16)
+    pad = np.zeros(int(48000 * pad_s), np.int16)
+    return np.concatenate([pad[:4800], pcm48, pad])
+
+
+@pytest.fixture
+async def conn(server: LiveServer) -> AsyncIterator[EngineConnection]:
+    c = EngineConnection(server.url, MediaClock())
+    await c.open()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def next_event(c: EngineConnection, kind: str, timeout: float = 60) -> dict[str, Any]:
+    return await c.wait_event(kind, timeout)
+
+
+async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, server: LiveServer) -> None:
+    question = "What is your favorite color?"
+    clip = conn.mic.play(speech_48k(question))
+    await clip.done.wait()
+    final = await next_event(conn, "final")
+    assert wer(question, final["text"]) <= 0.25, final["text"]
+    done = await next_event(conn, "turn_completed")
+    assert done["played_text"].strip(), "the idol said something"
+    assert clip.sent_end is not None
+    assert conn.received.first_loud_after(clip.sent_end) is not None, "reply audio reached the client"
+    stages = done["timings"]["relative_ms"]
+    order = ["speech_end", "end_of_turn", "asr_final", "llm_first_token", "first_chunk_text",
+             "tts_first_audio", "first_audio_sent"]
+    assert [s for s in order if s in stages] == order, stages
+    assert all(stages[a] <= stages[b] for a, b in zip(order, order[1:], strict=False)), stages
+    # the timings are exported to Prometheus
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
+        text = await r.text()
+    assert 'idolcast_turn_stage_ms_count{source="voice",stage="first_audio_sent"}' in text
+
+
+async def test_text_turn_and_history_keeps_what_was_played(conn: EngineConnection, server: LiveServer) -> None:
+    await conn.say("Say hello to the viewers.")
+    done = await next_event(conn, "turn_completed")
+    assert not done["interrupted"] and done["played_text"]
+    session = server.engine.sessions[conn.session_id]
+    history = session.prompt.history  # type: ignore[attr-defined]
+    assert history[-1] == ("Say hello to the viewers.", done["played_text"])
+
+
+async def test_barge_in_stops_the_reply_and_history_keeps_only_the_heard_part(
+    conn: EngineConnection, server: LiveServer
+) -> None:
+    session = server.engine.sessions[conn.session_id]
+    session.settings.llm.max_new_tokens = 120
+    await conn.say("Tell me a long story about a dragon who loves to sing, with many details.")
+    started = await next_event(conn, "caption")
+    await asyncio.sleep(0.8)
+    over = conn.mic.play(speech_48k("Wait, stop please."))
+    interrupted = await next_event(conn, "interrupted", 10)
+    assert interrupted["reason"] == "barge_in"
+    done = await next_event(conn, "turn_completed")
+    assert done["interrupted"]
+    await over.done.wait()
+    assert over.sent_start is not None
+    stop = conn.received.quiet_from(over.sent_start, hold_s=0.3)
+    assert stop is not None and stop - over.sent_start < 1.0, "the reply audio stopped at the client"
+    history = session.prompt.history  # type: ignore[attr-defined]
+    played = history[-1][1] if history else ""
+    assert done["played_text"] == played
+    assert started["turn_id"] == done["turn_id"]
+
+
+class _FailingOnce:
+    """Fault injection at the LLM boundary: the real model, except one call raises."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.fail_next = True
+
+    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> Any:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected LLM failure")
+        return self.real.stream(messages, cache_key)
+
+    def describe(self) -> str:
+        return "failing-once"
+
+
+async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: LiveServer) -> None:
+    a = EngineConnection(server.url, MediaClock())
+    b = EngineConnection(server.url, MediaClock())
+    await a.open()
+    await b.open()
+    try:
+        session_a = server.engine.sessions[a.session_id]
+        session_a.models = dataclasses.replace(session_a.models, llm=_FailingOnce(session_a.models.llm))
+        await a.say("Hello?")
+        await b.say("Hi there!")
+        err = await next_event(a, "error")
+        assert "injected LLM failure" in err["message"]
+        done_a = await next_event(a, "turn_completed")
+        assert done_a["timings"]["error"]
+        done_b = await next_event(b, "turn_completed")
+        assert done_b["played_text"] and not done_b["timings"]["error"]
+        await a.say("Are you still there?")
+        again = await next_event(a, "turn_completed")
+        assert again["played_text"] and not again["timings"]["error"]
+    finally:
+        await a.close()
+        await b.close()

@@ -1,0 +1,80 @@
+"""Bad input gets a clear 4xx and harms nothing; a loading engine says so."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from engine.config import load_settings
+from engine.server.app import create_app
+from engine.server.engine import Engine
+from tests.engine.conftest import free_port
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+async def bare_url() -> AsyncIterator[str]:
+    """A server whose models are not loaded (nothing here needs them)."""
+    settings = load_settings(environ={})
+    settings.server.max_body_bytes = 4096
+    engine = Engine(settings)
+    app = create_app(settings, engine)
+    app.on_startup.clear()  # do not start loading models
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_malformed_json_is_400_with_a_message(bare_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{bare_url}/api/offer", data=b"{not json") as r:
+            assert r.status == 400
+            assert "malformed JSON" in (await r.json())["error"]
+        async with http.post(f"{bare_url}/api/offer", json=[1, 2]) as r:
+            assert r.status == 400 and "JSON object" in (await r.json())["error"]
+
+
+async def test_malformed_sdp_is_400(bare_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{bare_url}/api/offer", json={"sdp": "hello", "type": "offer"}) as r:
+            assert r.status == 400 and "malformed SDP" in (await r.json())["error"]
+        async with http.post(f"{bare_url}/api/offer", json={"sdp": "v=0\r\n", "type": "answer"}) as r:
+            assert r.status == 400 and "'type' must be 'offer'" in (await r.json())["error"]
+
+
+async def test_oversized_body_is_413(bare_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{bare_url}/api/offer", data=b"x" * 10000) as r:
+            assert r.status == 413 and "too large" in (await r.json())["error"]
+
+
+async def test_offer_while_loading_is_503_and_health_says_loading(bare_url: str) -> None:
+    sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{bare_url}/api/offer", json={"sdp": sdp, "type": "offer"}) as r:
+            assert r.status == 503 and "loading" in (await r.json())["error"]
+        async with http.get(f"{bare_url}/api/health") as r:
+            assert (await r.json())["state"] == "loading"
+
+
+async def test_unknown_session_is_404(bare_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{bare_url}/api/sessions/nope/say", json={"text": "hi"}) as r:
+            assert r.status == 404 and "no session" in (await r.json())["error"]
+
+
+async def test_metrics_and_page_are_served(bare_url: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{bare_url}/metrics") as r:
+            assert r.status == 200 and "idolcast_sessions" in await r.text()
+        async with http.get(f"{bare_url}/") as r:
+            assert r.status == 200 and "idolcast" in await r.text()
