@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("doctor", help="which models, backends and devices will be used, and whether each loads")
+    p = sub.add_parser(
+        "doctor", help="which models, backends and devices will be used, and whether each loads"
+    )
     _add_config_arg(p)
     p.add_argument("--no-load", action="store_true", help="only resolve, do not load the models")
     p.set_defaults(func=cmd_doctor)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.asr.config import ASRConfig
 from engine.avatar.config import AvatarConfig
 from engine.llm.config import LLMConfig
+from engine.surfaces.config import SurfacesConfig
 from engine.tts.config import TTSConfig
 from engine.vad.config import VADConfig
 
@@ -50,20 +51,26 @@ class MQTTConfig(BaseModel):
     enabled: bool = True
     url: str = Field("embedded", description="'embedded' (in-process amqtt) or mqtt://host:port")
     embedded_port: int = Field(1883, ge=0, le=65535)
-    topic_prefix: str = "idol"
+    embedded_host: str = Field("127.0.0.1", description="interface the embedded broker listens on")
+    topic_prefix: str = Field("idol", description="topics are '{prefix}/{session}/…' (see docs/streamer.md)")
+    client_id: str = Field("idolcast-engine", description="the engine's MQTT client id")
+    username: str = Field("", description="external broker user (empty: anonymous)")
+    password: str = Field("", description="external broker password")
+    max_outgoing: int = Field(1000, ge=10, le=100_000, description="queued outgoing messages before dropping")
 
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     server: ServerConfig = Field(default_factory=ServerConfig)
-    vad: VADConfig = Field(default_factory=VADConfig)  # type: ignore[arg-type]
-    asr: ASRConfig = Field(default_factory=ASRConfig)  # type: ignore[arg-type]
-    llm: LLMConfig = Field(default_factory=LLMConfig)  # type: ignore[arg-type]
-    tts: TTSConfig = Field(default_factory=TTSConfig)  # type: ignore[arg-type]
-    avatar: AvatarConfig = Field(default_factory=AvatarConfig)  # type: ignore[arg-type]
+    vad: VADConfig = Field(default_factory=VADConfig)
+    asr: ASRConfig = Field(default_factory=ASRConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    tts: TTSConfig = Field(default_factory=TTSConfig)
+    avatar: AvatarConfig = Field(default_factory=AvatarConfig)
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
+    surfaces: SurfacesConfig = Field(default_factory=SurfacesConfig)
 
 
 class ConfigError(Exception):
@@ -99,7 +106,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+) -> Settings:
     """Load the TOML file (if any) and the environment overrides; raise ConfigError on bad values."""
     env = dict(os.environ if environ is None else environ)
     explicit = path is not None or "IDOLCAST_CONFIG" in env
@@ -133,6 +142,13 @@ def dump_settings(settings: Settings) -> str:
     data = settings.model_dump(mode="json")
     if data["llm"].get("api_key"):
         data["llm"]["api_key"] = "***"
+    if data["mqtt"].get("password"):
+        data["mqtt"]["password"] = "***"
+    surfaces = data.get("surfaces", {})
+    if surfaces.get("bearer_token"):
+        surfaces["bearer_token"] = "***"
+    if surfaces.get("rtmp", {}).get("url"):
+        surfaces["rtmp"]["url"] = "***"  # carries the stream key
     out: list[str] = []
     for section, values in data.items():
         out.append(f"[{section}]")

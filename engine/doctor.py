@@ -29,7 +29,9 @@ def _devices() -> list[str]:
     try:
         import ctranslate2
 
-        out.append(f"ctranslate2 {ctranslate2.__version__}, CUDA devices: {ctranslate2.get_cuda_device_count()}")
+        out.append(
+            f"ctranslate2 {ctranslate2.__version__}, CUDA devices: {ctranslate2.get_cuda_device_count()}"
+        )
     except Exception as e:  # pragma: no cover
         out.append(f"ctranslate2 unavailable: {e}")
     return out
@@ -66,12 +68,22 @@ def run_doctor(settings: Settings, load: bool = True) -> int:
     from engine.tts.factory import load_tts
     from engine.models import load_vad_factory
 
-    check("vad", f"silero (threshold {settings.vad.threshold})", lambda: load_vad_factory(settings.vad, progress))
-    check("asr", f"{settings.asr.backend} {settings.asr.model} on {settings.asr.device}",
-          lambda: load_asr(settings.asr, progress))
+    check(
+        "vad",
+        f"silero (threshold {settings.vad.threshold})",
+        lambda: load_vad_factory(settings.vad, progress),
+    )
+    check(
+        "asr",
+        f"{settings.asr.backend} {settings.asr.model} on {settings.asr.device}",
+        lambda: load_asr(settings.asr, progress),
+    )
     check("tts", f"{settings.tts.backend} {settings.tts.voice}", lambda: load_tts(settings.tts, progress))
-    llm_desc = (f"openai-compatible {settings.llm.base_url} model {settings.llm.model}"
-                if settings.llm.backend == "openai" else f"transformers {settings.llm.model} on {settings.llm.device}")
+    llm_desc = (
+        f"openai-compatible {settings.llm.base_url} model {settings.llm.model}"
+        if settings.llm.backend == "openai"
+        else f"transformers {settings.llm.model} on {settings.llm.device}"
+    )
     check("llm", llm_desc, lambda: load_llm(settings.llm, progress))
     try:
         from engine.avatar.doctor import describe_avatar

@@ -42,7 +42,9 @@ def load_models(settings: Settings, progress: Progress = silent_progress) -> Eng
     return EngineModels(asr=asr, llm=llm, tts=tts, new_vad=new_vad)
 
 
-def load_vad_factory(config: VADConfig, progress: Progress = silent_progress) -> Callable[[], VoiceActivityDetector]:
+def load_vad_factory(
+    config: VADConfig, progress: Progress = silent_progress
+) -> Callable[[], VoiceActivityDetector]:
     """Load silero once; each session gets its own detector state."""
     progress("vad", "loading silero VAD (ONNX)")
     model = shared_silero_model()

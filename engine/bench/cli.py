@@ -76,7 +76,13 @@ def _with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 1.5) 
 
 
 def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[Any], Any]:
-    from engine.bench.voice import BARGE_IN_PROMPT, BARGE_IN_QUESTION, DEFAULT_QUESTIONS, Question, load_questions
+    from engine.bench.voice import (
+        BARGE_IN_PROMPT,
+        BARGE_IN_QUESTION,
+        DEFAULT_QUESTIONS,
+        Question,
+        load_questions,
+    )
     from engine.tts.factory import load_tts
 
     questions: list[Question] = []
@@ -158,7 +164,9 @@ async def _voice(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"{'turn':>4}  {'v2v ms':>7}  {'asr':>6} {'llm1':>6} {'chunk1':>6} {'tts1':>6} {'sent1':>6}  transcript")
+    print(
+        f"{'turn':>4}  {'v2v ms':>7}  {'asr':>6} {'llm1':>6} {'chunk1':>6} {'tts1':>6} {'sent1':>6}  transcript"
+    )
     for i, t in enumerate(report["turns"], 1):
         s = t["stages_ms"]
 
@@ -166,8 +174,10 @@ def print_table(report: dict[str, Any]) -> None:
             return f"{s[k]:6.0f}" if k in s else "     -"
 
         v = t["voice_to_voice_ms"]
-        print(f"{i:>4}  {v if v is not None else '-':>7}  {f('asr_final')} {f('llm_first_token')} "
-              f"{f('first_chunk_text')} {f('tts_first_audio')} {f('first_audio_sent')}  {t['transcript']!r}")
+        print(
+            f"{i:>4}  {v if v is not None else '-':>7}  {f('asr_final')} {f('llm_first_token')} "
+            f"{f('first_chunk_text')} {f('tts_first_audio')} {f('first_audio_sent')}  {t['transcript']!r}"
+        )
     for key in ("voice_to_voice_ms", "barge_in_stop_ms"):
         s = report[key]
         print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")

@@ -201,7 +201,8 @@ def bench_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     t_cap, dec = _timed(lambda: GraphDecoder(model, max_len=max_len), device)
     res["graph_capture_s"] = t_cap
     res["graph_used"] = dec.use_graph
-    res["graph"] = _graph(dec, prompt, args.new_tokens, args.repeats, args.tail)
+    tail = max(1, min(args.tail, args.prompt_len - 1))
+    res["graph"] = _graph(dec, prompt, args.new_tokens, args.repeats, tail)
     print(f"[{shape}] graph {res['graph']}", flush=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     res["graph"]["weights_read_gb_s"] = weight_bytes / (res["graph"]["step_ms"] * 1e-3) / 1e9
@@ -233,7 +234,7 @@ def _table(results: list[dict[str, Any]]) -> str:
     head = (
         "| shape | eager TTFT ms | graph TTFT ms | graph TTFT, cached prefix ms | eager tok/s | graph tok/s "
         "| graph tok/s (host reads each) | decode speedup | graph vs eager: rel err max (mean) "
-        "| HF eager-attn vs HF sdpa max | eager bf16 vs fp32 max | top-1 agree |"
+        "| HF eager-attn vs HF sdpa max | eager bf16 vs fp32 max | graph bf16 vs fp32 max | top-1 agree |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
@@ -243,12 +244,13 @@ def _table(results: list[dict[str, Any]]) -> str:
         e, g, p = r["eager"], r["graph"], r["parity"]
         yard = p.get("eager_bf16_vs_fp32_rel_err_max")
         spread = p.get("hf_eager_attn_vs_hf_sdpa_rel_err_max")
+        g32 = p.get("graph_bf16_vs_fp32_rel_err_max")
         lines.append(
             f"| {r['shape']} | {e['ttft_ms']:.1f} | {g['ttft_ms']:.1f} | {g['ttft_cached_prefix_ms']:.1f} "
             f"| {e['decode_tok_s']:.1f} | {g['decode_tok_s']:.1f} | {g['decode_tok_s_host_reads_each']:.1f} "
             f"| {r['speedup_decode']:.1f}x | {p['graph_vs_eager_rel_err_max']:.2e} "
             f"({p['graph_vs_eager_rel_err_mean']:.2e}) | {'-' if spread is None else f'{spread:.2e}'} "
-            f"| {'-' if yard is None else f'{yard:.2e}'} "
+            f"| {'-' if yard is None else f'{yard:.2e}'} | {'-' if g32 is None else f'{g32:.2e}'} "
             f"| {p['top1_agree']:.0%} |"
         )
     return "\n".join(lines)

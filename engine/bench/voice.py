@@ -84,8 +84,9 @@ class EngineConnection:
                 self.video_track = track
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        async with self._http.post(f"{self.url}/api/offer", json={"sdp": self.pc.localDescription.sdp,
-                                                                  "type": "offer"}) as r:
+        async with self._http.post(
+            f"{self.url}/api/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        ) as r:
             body = await r.json()
             if r.status != 200:
                 raise RuntimeError(f"offer refused: {r.status} {body}")
@@ -105,19 +106,21 @@ class EngineConnection:
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     self.events.put_nowait(json.loads(msg.data))
 
-    async def wait_event(self, kind: str, timeout: float) -> dict[str, Any]:
-        deadline = self.clock.now() + timeout
+    async def wait_event(self, kind: str, limit_s: float) -> dict[str, Any]:
+        deadline = self.clock.now() + limit_s
         while True:
             remaining = deadline - self.clock.now()
             if remaining <= 0:
-                raise TimeoutError(f"no '{kind}' event within {timeout:.0f}s")
+                raise TimeoutError(f"no '{kind}' event within {limit_s:.0f}s")
             ev = await asyncio.wait_for(self.events.get(), remaining)
             if ev.get("type") == kind:
                 return ev
 
     async def say(self, text: str) -> None:
         assert self._http is not None
-        async with self._http.post(f"{self.url}/api/sessions/{self.session_id}/say", json={"text": text}) as r:
+        async with self._http.post(
+            f"{self.url}/api/sessions/{self.session_id}/say", json={"text": text}
+        ) as r:
             if r.status >= 300:
                 raise RuntimeError(f"say refused: {r.status} {await r.text()}")
 
@@ -128,10 +131,10 @@ class EngineConnection:
             await self._http.close()
 
 
-async def _settle(conn: EngineConnection, quiet_s: float = 0.6, timeout: float = 30.0) -> None:
+async def _settle(conn: EngineConnection, quiet_s: float = 0.6, limit_s: float = 30.0) -> None:
     """Wait until the idol has been silent for ``quiet_s``."""
     start = conn.clock.now()
-    while conn.clock.now() - start < timeout:
+    while conn.clock.now() - start < limit_s:
         t = conn.received.quiet_from(conn.clock.now() - quiet_s - 0.1, hold_s=quiet_s)
         if t is not None:
             return
@@ -143,19 +146,29 @@ def _drain(q: asyncio.Queue[dict[str, Any]]) -> None:
         q.get_nowait()
 
 
-async def ask(conn: EngineConnection, q: Question, timeout: float = 60.0) -> TurnResult:
+async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> TurnResult:
     result = TurnResult(question=q.text)
     _drain(conn.events)
     clip = conn.mic.play(q.pcm)
     await clip.done.wait()
     assert clip.sent_end is not None
-    completed = await conn.wait_event("turn_completed", timeout)
+    completed = await conn.wait_event("turn_completed", limit_s)
     timings = completed["timings"]
     result.transcript = timings.get("user_text", "")
     result.reply = completed.get("played_text", "")
     result.stages_ms = timings.get("relative_ms", {})
-    result.timestamps = {k: timings.get(k) for k in ("speech_end", "end_of_turn", "asr_final", "llm_first_token",
-                                                        "first_chunk_text", "tts_first_audio", "first_audio_sent")}
+    result.timestamps = {
+        k: timings.get(k)
+        for k in (
+            "speech_end",
+            "end_of_turn",
+            "asr_final",
+            "llm_first_token",
+            "first_chunk_text",
+            "tts_first_audio",
+            "first_audio_sent",
+        )
+    }
     heard = conn.received.first_loud_after(clip.sent_end)
     if heard is not None:
         result.voice_to_voice_ms = round((heard - clip.sent_end) * 1000.0, 1)
@@ -163,8 +176,9 @@ async def ask(conn: EngineConnection, q: Question, timeout: float = 60.0) -> Tur
     return result
 
 
-async def barge_in(conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
-                   ) -> float | None:
+async def barge_in(
+    conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
+) -> float | None:
     """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver."""
     _drain(conn.events)
     clip = conn.mic.play(prompt.pcm)
@@ -187,8 +201,9 @@ async def barge_in(conn: EngineConnection, prompt: Question, interjection: Quest
     return round((stop - over.sent_start) * 1000.0, 1)
 
 
-async def run_voice_bench(url: str, questions: Sequence[Question], barge: tuple[Question, Question] | None,
-                          barge_rounds: int = 3) -> dict[str, Any]:
+async def run_voice_bench(
+    url: str, questions: Sequence[Question], barge: tuple[Question, Question] | None, barge_rounds: int = 3
+) -> dict[str, Any]:
     clock = MediaClock()
     conn = EngineConnection(url, clock)
     await conn.open()

@@ -14,11 +14,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.config import Settings
-from engine.events import ExpressionCommand, GestureCommand
+from engine.events import ExpressionCommand, GestureCommand, TurnSource
 from engine.server.engine import Engine, EngineBusy, EngineNotReady
 from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
+from engine.surfaces.routes import register_surfaces
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def _session(request: web.Request) -> Session:
 
 
 async def index(request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(WEB_DIR / "index.html")
+    return web.FileResponse(WEB_DIR / "console" / "index.html")  # the minimal page stays at /web/index.html
 
 
 async def health(request: web.Request) -> web.Response:
@@ -70,7 +71,7 @@ async def say(request: web.Request) -> web.Response:
     speaker = data.get("speaker", "host")
     if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 64:
         raise APIError(400, "'speaker' must be a name of at most 64 characters")
-    source = "host_text" if speaker == "host" else "chat"
+    source: TurnSource = "host_text" if speaker == "host" else "chat"
     try:
         turn_id = await session.submit_text(text, speaker=speaker, source=source)
     except asyncio.QueueFull:
@@ -167,6 +168,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> web.Applicat
     app.router.add_delete("/api/sessions/{sid}", close)
     app.router.add_get("/metrics", metrics)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
+    register_surfaces(app, engine, app[PEERS_KEY])
 
     async def on_startup(app: web.Application) -> None:
         engine.start_loading()

@@ -34,8 +34,13 @@ class LoadStatus:
     log: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "stage": self.stage, "message": self.message,
-                "fraction": self.fraction, "error": self.error}
+        return {
+            "state": self.state,
+            "stage": self.stage,
+            "message": self.message,
+            "fraction": self.fraction,
+            "error": self.error,
+        }
 
 
 class EngineBusy(Exception):
@@ -89,11 +94,6 @@ class Engine:
             return
         self.status.state, self.status.message, self.status.fraction = "ready", "ready", 1.0
         self._ready.set()
-
-    async def wait_ready(self, timeout: float | None = None) -> EngineModels:
-        await asyncio.wait_for(self._ready.wait(), timeout)
-        assert self.models is not None
-        return self.models
 
     # ---- sessions ------------------------------------------------------------------------------
 

@@ -89,6 +89,9 @@ class Session:
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{session_id}")
         self._closed = False
         self.command_listeners: list[Callable[[ExpressionCommand | GestureCommand], None]] = []
+        # (cut time on the clock, turn id): the avatar closes the mouth at the same instant the audio stops
+        self.interrupt_listeners: list[Callable[[float, int | None], None]] = []
+        self.video_track: MediaStreamTrack | None = None
         self.playout.on_chunk_started.append(self._chunk_started)
         self.playout.on_chunk_finished.append(self._chunk_finished)
         self._owner.spawn(self._conversation(), "conversation")
@@ -119,10 +122,13 @@ class Session:
         if not speaking:
             return False
         t = self.clock.now()
+        cut = self.playout.next_sample_time()
         for heard in self.playout.flush():
             self._heard[heard.audio.turn_id].append(heard)
         if turn is not None:
             self._interrupted.add(turn.turn_id)
+        for listener in self.interrupt_listeners:
+            listener(cut if cut is not None else t, turn.turn_id if turn is not None else None)
         self._chunk_done.set()
         self.bus.publish({"type": "interrupted", "t": t, "reason": reason})
         await cancel_and_wait(task)
@@ -142,6 +148,8 @@ class Session:
         await cancel_and_wait(self._reply_task)
         await self._owner.cancel_all()
         self.audio_track.stop()
+        if self.video_track is not None:
+            self.video_track.stop()
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
         self.bus.close()
 
@@ -151,8 +159,16 @@ class Session:
         turn_id = self._next_turn_id
         self._next_turn_id += 1
         self._active[turn_id] = TurnTimings(turn_id=turn_id, source=source, user_text=text)
-        self.bus.publish({"type": "user_turn", "turn_id": turn_id, "text": text, "source": source,
-                          "speaker": speaker, "t": t})
+        self.bus.publish(
+            {
+                "type": "user_turn",
+                "turn_id": turn_id,
+                "text": text,
+                "source": source,
+                "speaker": speaker,
+                "t": t,
+            }
+        )
         return UserTurn(t=t, text=text, source=source, speaker=speaker, turn_id=turn_id)
 
     def _reply_context(self) -> ReplyContext:
@@ -204,8 +220,15 @@ class Session:
         self.turns.append(timings)
         if self.metrics is not None:
             self.metrics.observe(timings)
-        self.bus.publish({"type": "turn_completed", "turn_id": turn.turn_id, "played_text": played,
-                          "interrupted": interrupted, "timings": timings.to_dict()})
+        self.bus.publish(
+            {
+                "type": "turn_completed",
+                "turn_id": turn.turn_id,
+                "played_text": played,
+                "interrupted": interrupted,
+                "timings": timings.to_dict(),
+            }
+        )
         self._owner.spawn(self.prompt.record_turn(turn, played, interrupted), f"record{turn.turn_id}")
         self._reply_turn = None
 
@@ -219,11 +242,17 @@ class Session:
             self.command(ExpressionCommand(t=t, name=name, source="llm"))
         for name in audio.gestures:
             self.command(GestureCommand(t=t, name=name, source="llm"))
-        self.bus.publish({
-            "type": "caption", "turn_id": audio.turn_id, "index": audio.index, "text": audio.text, "t": t,
-            "duration": audio.duration_s,
-            "words": [{"w": w.word, "start": t + w.start_s, "end": t + w.end_s} for w in audio.words],
-        })
+        self.bus.publish(
+            {
+                "type": "caption",
+                "turn_id": audio.turn_id,
+                "index": audio.index,
+                "text": audio.text,
+                "t": t,
+                "duration": audio.duration_s,
+                "words": [{"w": w.word, "start": t + w.start_s, "end": t + w.end_s} for w in audio.words],
+            }
+        )
 
     def _chunk_finished(self, heard: HeardChunk) -> None:
         self._heard[heard.audio.turn_id].append(heard)
@@ -274,8 +303,9 @@ class Session:
             tr = await stream.partial()
             if tr.text and tr.text != last:
                 last = tr.text
-                self.bus.publish({"type": "partial", "text": tr.text, "stable": tr.stable_text,
-                                  "t": self.clock.now()})
+                self.bus.publish(
+                    {"type": "partial", "text": tr.text, "stable": tr.stable_text, "t": self.clock.now()}
+                )
 
     async def _finalize(self, stream: Any, speech_end: float, eot: float) -> None:
         final = await stream.final()
@@ -289,8 +319,14 @@ class Session:
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
         self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
         self._turn_queue.put_nowait(
-            UserTurn(t=now, text=text, source="voice", speaker="host", turn_id=turn.turn_id,
-                     speech_end_t=speech_end)
+            UserTurn(
+                t=now,
+                text=text,
+                source="voice",
+                speaker="host",
+                turn_id=turn.turn_id,
+                speech_end_t=speech_end,
+            )
         )
 
 

@@ -10,6 +10,7 @@ from av import AudioFrame
 
 from engine.clock import Clock
 from engine.transport.playout import PlayoutBuffer
+from engine.transport.send_delay import SendDelay
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,12 @@ class IdolAudioTrack(MediaStreamTrack):
         self._t0: float | None = None
         self._frames = 0
         self.late_frames = 0
+        self.send_delay = SendDelay()
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
+        self.send_delay.next_requested(self.clock.now())
         if self._t0 is None:
             # Align to the frame grid so pts are exact multiples of a frame.
             self._t0 = round(self.clock.now() / PTIME_S) * PTIME_S
@@ -53,4 +56,6 @@ class IdolAudioTrack(MediaStreamTrack):
         frame.pts = round(t * self.rate)
         frame.sample_rate = self.rate
         frame.time_base = fractions.Fraction(1, self.rate)
+        now = self.clock.now()
+        self.send_delay.returned(now, now - t)
         return frame

@@ -94,6 +94,10 @@ class PlayoutBuffer:
             return self._queue[-1].end_sample
         return self._cursor + (len(self._fade_tail) if self._fade_tail is not None else 0)
 
+    def next_sample_time(self) -> float | None:
+        """Clock time of the next sample the track will pull (where a cut takes effect)."""
+        return self.start_time_of(self._cursor)
+
     def start_time_of(self, sample: int) -> float | None:
         return None if self._t0 is None else self._t0 + sample / self.rate
 
@@ -179,8 +183,8 @@ class PlayoutBuffer:
             pos += k
             if q.played >= len(q.audio.pcm):
                 self._queue.popleft()
-                for cb in self.on_chunk_finished:
-                    cb(HeardChunk(q.audio, q.played / self.rate))
+                for done in self.on_chunk_finished:
+                    done(HeardChunk(q.audio, q.played / self.rate))
                 self._notify_room()
         self._cursor += n
         return out

@@ -7,8 +7,8 @@ class TTSConfig(BaseModel):
     """Speech synthesis (Piper) with phoneme alignments."""
 
     backend: Literal["piper"] = "piper"
-    voice: str = Field("bundled:joe", description="'bundled:joe' or a path to a Piper .onnx voice")
-    length_scale: float = Field(1.0, gt=0.3, le=3.0, description="speaking speed (smaller = faster)")
+    voice: str = Field(default="bundled:joe", description="'bundled:joe' or a path to a Piper .onnx voice")
+    length_scale: float = Field(default=1.0, gt=0.3, le=3.0, description="speaking speed (smaller = faster)")
     speaker_id: int | None = None
-    first_chunk_min_words: int = Field(2, ge=1, le=20)
-    max_chunk_words: int = Field(40, ge=5, le=200)
+    first_chunk_min_words: int = Field(default=2, ge=1, le=20)
+    max_chunk_words: int = Field(default=40, ge=5, le=200)

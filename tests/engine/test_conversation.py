@@ -37,8 +37,8 @@ async def conn(server: LiveServer) -> AsyncIterator[EngineConnection]:
         await c.close()
 
 
-async def next_event(c: EngineConnection, kind: str, timeout: float = 60) -> dict[str, Any]:
-    return await c.wait_event(kind, timeout)
+async def next_event(c: EngineConnection, kind: str, limit_s: float = 60) -> dict[str, Any]:
+    return await c.wait_event(kind, limit_s)
 
 
 async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, server: LiveServer) -> None:
@@ -52,8 +52,15 @@ async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, serve
     assert clip.sent_end is not None
     assert conn.received.first_loud_after(clip.sent_end) is not None, "reply audio reached the client"
     stages = done["timings"]["relative_ms"]
-    order = ["speech_end", "end_of_turn", "asr_final", "llm_first_token", "first_chunk_text",
-             "tts_first_audio", "first_audio_sent"]
+    order = [
+        "speech_end",
+        "end_of_turn",
+        "asr_final",
+        "llm_first_token",
+        "first_chunk_text",
+        "tts_first_audio",
+        "first_audio_sent",
+    ]
     assert [s for s in order if s in stages] == order, stages
     assert all(stages[a] <= stages[b] for a, b in zip(order, order[1:], strict=False)), stages
     # the timings are exported to Prometheus
@@ -64,7 +71,9 @@ async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, serve
     assert 'idolcast_turn_stage_ms_count{source="voice",stage="first_audio_sent"}' in text
 
 
-async def test_text_turn_and_history_keeps_what_was_played(conn: EngineConnection, server: LiveServer) -> None:
+async def test_text_turn_and_history_keeps_what_was_played(
+    conn: EngineConnection, server: LiveServer
+) -> None:
     await conn.say("Say hello to the viewers.")
     done = await next_event(conn, "turn_completed")
     assert not done["interrupted"] and done["played_text"]

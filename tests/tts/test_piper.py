@@ -1,0 +1,156 @@
+"""PiperTTS against the real bundled voice: alignments, word spans, resampling, the async seam."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.config import ConfigError
+from engine.progress import silent_progress
+from engine.tts.alignment import PAUSE
+from engine.tts.base import OUTPUT_RATE, Synthesis
+from engine.tts.config import TTSConfig
+from engine.tts.factory import load_tts
+from engine.tts.piper_backend import PiperTTS, SourceSpeech, resolve_voice
+from engine.tts.resample import output_length
+
+pytestmark = pytest.mark.integration
+
+TEXTS = [
+    "Hello there, my friends!",
+    "It costs 3.5 dollars, Mr. Smith. Really?",
+    "Wow—that's cool; don't you think?",
+]
+
+
+@pytest.fixture(scope="module")
+def tts() -> PiperTTS:
+    loaded = load_tts(TTSConfig(), silent_progress)
+    assert isinstance(loaded, PiperTTS)
+    return loaded
+
+
+_CACHE: dict[str, tuple[SourceSpeech, Synthesis]] = {}
+
+
+def _speak(tts: PiperTTS, text: str) -> tuple[SourceSpeech, Synthesis]:
+    """One synthesis per text for the whole module (Piper's durations are random per run)."""
+    if text not in _CACHE:
+        src = tts.speak_source(text)
+        _CACHE[text] = (src, tts.to_output(src))
+    return _CACHE[text]
+
+
+def test_load_tts_factory_gives_the_seam(tts: PiperTTS) -> None:
+    assert "joe" in tts.describe() and "with alignments" in tts.describe()
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_alignments_sum_exactly_to_the_audio(tts: PiperTTS, text: str) -> None:
+    src, syn = _speak(tts, text)
+    pcm22 = src.pcm
+    assert src.counted_samples == len(pcm22)
+    assert src.units[0].start == 0 and src.units[-1].end == len(pcm22)
+    assert syn.sample_rate == OUTPUT_RATE and syn.pcm.dtype == np.int16
+    assert len(syn.pcm) == output_length(len(pcm22), tts.source_rate, OUTPUT_RATE)
+    spans = syn.phonemes
+    assert spans[0].start_s == 0.0
+    assert abs(spans[-1].end_s - len(syn.pcm) / OUTPUT_RATE) <= 1 / OUTPUT_RATE
+    for a, b in zip(spans, spans[1:], strict=False):
+        assert a.end_s == b.start_s  # contiguous
+        assert a.end_s >= a.start_s
+    phones = [s.phoneme for s in spans if s.phoneme != PAUSE]
+    assert phones and all("ˈ" not in p for p in phones)  # stress merged into the vowel
+
+
+def test_word_spans_cover_the_words_in_order(tts: PiperTTS) -> None:
+    text = TEXTS[1]
+    _, syn = _speak(tts, text)
+    assert [w.word for w in syn.words] == text.split()
+    duration = len(syn.pcm) / OUTPUT_RATE
+    for a, b in zip(syn.words, syn.words[1:], strict=False):
+        assert a.end_s <= b.start_s
+    for w in syn.words:
+        assert 0.0 <= w.start_s < w.end_s <= duration
+    # "3.5" is spoken as three words and spans them all: longer than "It"
+    by_word = {w.word: w.end_s - w.start_s for w in syn.words}
+    assert by_word["3.5"] > 2 * by_word["It"]
+
+
+def test_word_spans_fall_back_when_counts_disagree(tts: PiperTTS) -> None:
+    # espeak runs "Smith... really" together into one phoneme word: the proportional fallback
+    text = "Hi. Mr. Smith... really?"
+    syn = tts.synthesize_blocking(text)
+    assert [w.word for w in syn.words] == text.split()
+    for a, b in zip(syn.words, syn.words[1:], strict=False):
+        assert a.start_s <= a.end_s <= b.start_s
+    assert syn.words[-1].end_s <= len(syn.pcm) / OUTPUT_RATE
+
+
+def _envelope(pcm: np.ndarray, rate: int, hop_s: float = 0.02) -> np.ndarray:
+    hop = round(rate * hop_s)  # 20 ms: a whole number of samples at both rates
+    n = len(pcm) // hop
+    frames = pcm[: n * hop].astype(np.float64).reshape(n, hop)
+    return np.sqrt((frames**2).mean(axis=1))
+
+
+def test_resampled_audio_matches_the_source(tts: PiperTTS) -> None:
+    text = TEXTS[0]
+    src, syn = _speak(tts, text)
+    pcm22 = src.pcm
+    assert abs(len(syn.pcm) / OUTPUT_RATE - len(pcm22) / tts.source_rate) < 1 / tts.source_rate
+    e22, e48 = _envelope(pcm22, tts.source_rate), _envelope(syn.pcm, OUTPUT_RATE)
+    n = min(len(e22), len(e48))
+    corr = np.corrcoef(e22[:n], e48[:n])[0, 1]
+    assert corr > 0.99
+    # no time shift: against a plain linear interpolation the best lag is within a sample
+    ref = np.interp(np.arange(len(syn.pcm)) * tts.source_rate / OUTPUT_RATE, np.arange(len(pcm22)), pcm22)
+    out = syn.pcm.astype(np.float64)
+    mid = slice(100, len(out) - 100)
+    lags = range(-20, 21)
+    best = max(lags, key=lambda k: float(np.dot(ref[mid], np.roll(out, -k)[mid])))
+    assert abs(best) <= 1
+    assert 0.9 < np.sqrt((syn.pcm.astype(float) ** 2).mean() / (pcm22.astype(float) ** 2).mean()) < 1.1
+
+
+@pytest.mark.parametrize("text", ["", "   ", "...", "?!", "— …"])
+def test_unspeakable_text_gives_empty_synthesis(tts: PiperTTS, text: str) -> None:
+    syn = tts.synthesize_blocking(text)
+    assert len(syn.pcm) == 0 and syn.phonemes == () and syn.words == ()
+
+
+async def test_synthesize_runs_off_the_event_loop_and_concurrently(tts: PiperTTS) -> None:
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    original = tts.synthesize_blocking
+
+    def spy(text: str) -> Synthesis:
+        seen.append(threading.get_ident())
+        return original(text)
+
+    tts.synthesize_blocking = spy  # type: ignore[method-assign]
+    try:
+        results = await asyncio.gather(tts.synthesize("One, two."), tts.synthesize("Three!"))
+    finally:
+        del tts.synthesize_blocking
+    assert all(t != loop_thread for t in seen) and len(seen) == 2
+    assert all(len(r.pcm) > 0 and r.words for r in results)
+    assert [w.word for w in results[1].words] == ["Three!"]
+
+
+def test_length_scale_slows_speech(tts: PiperTTS) -> None:
+    slow = PiperTTS(tts._voice, "joe", length_scale=1.5)
+    fast = PiperTTS(tts._voice, "joe", length_scale=0.8)
+    text = "A test of speed."
+    assert len(slow.synthesize_blocking(text).pcm) > 1.4 * len(fast.synthesize_blocking(text).pcm)
+
+
+def test_bad_voice_settings_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tts.voice"):
+        resolve_voice("bundled:nobody")
+    with pytest.raises(ConfigError, match="tts.voice"):
+        resolve_voice(str(tmp_path / "missing.onnx"))
