@@ -65,8 +65,8 @@ def run_doctor(settings: Settings, load: bool = True) -> int:
 
     from engine.asr.factory import load_asr
     from engine.llm.factory import load_llm
-    from engine.tts.factory import load_tts
     from engine.models import load_vad_factory
+    from engine.tts.factory import load_tts
 
     check(
         "vad",

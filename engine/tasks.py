@@ -40,29 +40,29 @@ class TaskOwner:
     def tasks(self) -> frozenset[asyncio.Task[Any]]:
         return frozenset(self._tasks)
 
-    async def cancel_all(self, timeout: float = 2.0) -> None:
+    async def cancel_all(self, grace_s: float = 2.0) -> None:
         tasks = [t for t in self._tasks if not t.done()]
         for t in tasks:
             t.cancel()
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            done, pending = await asyncio.wait(tasks, timeout=grace_s)
             for t in pending:
-                log.warning("task %s did not stop within %.1fs", t.get_name(), timeout)
+                log.warning("task %s did not stop within %.1fs", t.get_name(), grace_s)
 
 
-async def cancel_and_wait(task: asyncio.Task[Any] | None, timeout: float = 2.0) -> None:
+async def cancel_and_wait(task: asyncio.Task[Any] | None, grace_s: float = 2.0) -> None:
     """Cancel one task and wait for it to finish, without swallowing our own cancellation."""
     if task is None or task.done():
         return
     task.cancel()
     try:
-        await asyncio.wait_for(asyncio.shield(task), timeout)
+        await asyncio.wait_for(asyncio.shield(task), grace_s)
     except asyncio.CancelledError:
         # Re-raise only if *we* are being cancelled, not the task we cancelled.
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
     except TimeoutError:
-        log.warning("task %s did not stop within %.1fs", task.get_name(), timeout)
+        log.warning("task %s did not stop within %.1fs", task.get_name(), grace_s)
     except Exception:  # the task's own failure was already logged by its owner
         pass

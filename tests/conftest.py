@@ -54,7 +54,7 @@ def write_wav(path: Path, pcm: np.ndarray, rate: int) -> Path:
 
 
 @pytest.fixture
-def speech() -> "type[SpeechFactory]":
+def speech() -> type[SpeechFactory]:
     return SpeechFactory
 
 
