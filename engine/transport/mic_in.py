@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -17,8 +18,39 @@ MIC_RATE = 16000
 
 @dataclass(frozen=True, slots=True)
 class MicChunk:
-    t: float  # clock time of the first sample
+    t: float  # media time of the first sample (continuous, from the RTP pts)
     audio: np.ndarray  # float32 mono at 16 kHz
+    arrived: float  # clock time the frame arrived
+
+    @property
+    def end_t(self) -> float:
+        return self.t + len(self.audio) / MIC_RATE
+
+
+class ArrivalMap:
+    """Media time of the host's audio → the clock time that audio reached the engine.
+
+    The VAD runs on continuous media time (a late sender must not look like silence);
+    turn timestamps are reported as when the audio actually arrived.
+    """
+
+    def __init__(self, keep_s: float = 10.0) -> None:
+        self._chunks: deque[tuple[float, float]] = deque()  # (media end, arrival)
+        self.keep_s = keep_s
+
+    def add(self, chunk: MicChunk) -> None:
+        self._chunks.append((chunk.end_t, chunk.arrived))
+        while self._chunks and self._chunks[0][0] < chunk.end_t - self.keep_s:
+            self._chunks.popleft()
+
+    def clock_time(self, media_t: float) -> float:
+        for end, arrived in self._chunks:
+            if end >= media_t:
+                return arrived - (end - media_t)
+        if self._chunks:
+            end, arrived = self._chunks[-1]
+            return arrived + (media_t - end)
+        return media_t
 
 
 class MicResampler:
@@ -36,26 +68,23 @@ class MicResampler:
 async def mic_chunks(track: MediaStreamTrack, clock: Clock) -> AsyncIterator[MicChunk]:
     """Yield the host's audio until the track ends.
 
-    Time comes from the RTP-derived pts (gaps included), anchored to the clock when the first
-    frame arrives, so a late packet does not shift the timeline.
+    Media time comes from the RTP pts (gaps included), anchored to the clock when the first
+    frame arrives; each chunk also carries its arrival time on the clock.
     """
     resampler = MicResampler()
     anchor_t: float | None = None
     anchor_pts = 0
-    samples_out = 0
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
         assert isinstance(frame, AudioFrame)
-        pts, rate = frame.pts, frame.sample_rate
+        now = clock.now()
+        rate = frame.sample_rate
+        pts = frame.pts if frame.pts is not None else anchor_pts
         if anchor_t is None:
-            anchor_t = clock.now() - frame.samples / rate
-            anchor_pts = pts or 0
-        t_frame = anchor_t + ((pts or 0) - anchor_pts) / rate if pts is not None else None
+            anchor_t, anchor_pts = now - frame.samples / rate, pts
         audio = resampler.convert(frame)
-        t = t_frame if t_frame is not None else anchor_t + samples_out / MIC_RATE
-        samples_out += len(audio)
         if len(audio):
-            yield MicChunk(t, audio)
+            yield MicChunk(anchor_t + (pts - anchor_pts) / rate, audio, now)

@@ -5,10 +5,20 @@ class VADConfig(BaseModel):
     """Voice activity detection (silero, ONNX) on the host's 16 kHz mic audio."""
 
     threshold: float = Field(0.5, ge=0.05, le=0.95, description="speech probability that starts speech")
+    hysteresis: float = Field(
+        0.15, ge=0.0, le=0.5, description="speech goes on until the probability drops below threshold - this"
+    )
+    pause_ms: int = Field(
+        96, ge=32, le=2000, description="silence that counts as a pause (the moment to speculate the decode)"
+    )
     end_of_turn_silence_ms: int = Field(
         400, ge=100, le=5000, description="silence after speech that ends the host's turn"
     )
     min_speech_ms: int = Field(150, ge=0, le=2000, description="speech shorter than this is ignored")
     barge_in_min_speech_ms: int = Field(
-        200, ge=0, le=2000, description="speech this long while the idol talks interrupts her"
+        90,
+        ge=0,
+        le=2000,
+        description="speech this long while the idol talks interrupts her (shorter than a turn start, "
+        "so she stops fast; a cough may stop her too)",
     )

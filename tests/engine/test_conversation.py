@@ -133,7 +133,7 @@ async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: L
         await a.say("Hello?")
         await b.say("Hi there!")
         err = await next_event(a, "error")
-        assert "injected LLM failure" in err["message"]
+        assert err["stage"] == "llm" and "injected LLM failure" in err["message"]
         done_a = await next_event(a, "turn_completed")
         assert done_a["timings"]["error"]
         done_b = await next_event(b, "turn_completed")

@@ -1,0 +1,396 @@
+"""The in-process language model: transformers with our own decode loop and a reusable KV cache.
+
+Generation runs in one worker thread per call and hands text pieces to the event loop through a
+bounded channel (a credit semaphore: the worker blocks when the consumer falls behind). Closing
+the stream, cancelling its consumer, or dropping it sets a stop flag the worker checks before
+every forward pass, so it stops within one decode step (or one prefill chunk).
+
+Per ``cache_key`` the backend keeps the token ids and the ``DynamicCache`` of the previous call
+(see :mod:`engine.llm.kv_cache`); the next call prefills only what follows the longest common
+token prefix. :attr:`TransformersLLM.prefilled_tokens` and friends count the real work done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import threading
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.llm.base import ChatMessage, LLMError
+from engine.llm.config import LLMConfig
+from engine.llm.hf_models import load_model, pick_device, pick_dtype, resolve_source
+from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len, crop_cache
+from engine.progress import Progress, silent_progress
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 256  # tokens per prefill forward: the stop flag is checked between chunks
+WORKER_JOIN_S = 5.0  # aclose waits this long at most (a stop lands within one forward pass)
+CHANNEL_PIECES = 32  # text pieces the worker may run ahead of the consumer
+SAMPLING_OPTIONS = frozenset(
+    {"max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+)
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+@dataclass
+class CallStats:
+    """What one ``stream`` call did (filled in by the worker as it goes)."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float | None = None  # worker start to the first text piece handed over
+    elapsed_s: float = 0.0
+    stop_reason: str = ""  # "eos" | "max_new_tokens" | "cancelled" | "error"
+    reply_ids: list[int] = field(default_factory=list, repr=False)
+    started: float = field(default_factory=time.perf_counter, repr=False)
+
+
+@dataclass(frozen=True)
+class _End:
+    error: BaseException | None = None
+
+
+class _Channel:
+    """Worker thread → event loop hand-off, bounded by credits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pieces: int = CHANNEL_PIECES) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
+        self.credits = threading.Semaphore(pieces)
+        self.stop = threading.Event()
+
+    def put(self, piece: str) -> bool:
+        """Hand one piece over, blocking while the consumer is behind; False once stopped."""
+        while not self.stop.is_set():
+            if self.credits.acquire(timeout=0.05):
+                return self._post(piece)
+        return False
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self._post(_End(error))
+
+    def _post(self, item: str | _End) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.stop.set()
+            return False
+
+
+class TransformersStream:
+    """The async iterator returned by :meth:`TransformersLLM.stream` (starts on first ``__anext__``)."""
+
+    def __init__(self, llm: TransformersLLM, messages: list[ChatMessage], cache_key: str | None) -> None:
+        self._llm = llm
+        self._messages = messages
+        self._key = cache_key
+        self._chan: _Channel | None = None
+        self.thread: threading.Thread | None = None
+        self._done = False
+        self._ended = False  # the worker's end marker was received
+
+    def __aiter__(self) -> TransformersStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        if self._chan is None:
+            self._chan = _Channel(asyncio.get_running_loop())
+            self.thread = threading.Thread(
+                target=self._llm._worker,
+                args=(self._messages, self._key, self._chan),
+                name="llm-decode",
+                daemon=True,
+            )
+            self.thread.start()
+        try:
+            item = await self._chan.queue.get()
+        except asyncio.CancelledError:
+            self._chan.stop.set()
+            self._done = True
+            raise
+        if isinstance(item, _End):
+            self._done = self._ended = True
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        self._chan.credits.release()
+        return item
+
+    async def aclose(self) -> None:
+        """Stop generation and wait (up to ``WORKER_JOIN_S``) until the worker has let go of the model
+        and put its KV cache back: the next turn on this conversation can reuse it at once."""
+        self._done = True
+        if self._chan is None or self._ended:
+            return
+        self._chan.stop.set()
+        with suppress(TimeoutError):
+            async with asyncio.timeout(WORKER_JOIN_S):
+                while not isinstance(await self._chan.queue.get(), _End):
+                    pass
+                self._ended = True
+
+    def __del__(self) -> None:
+        if self._chan is not None:
+            self._chan.stop.set()
+
+
+class _Detokenizer:
+    """Decode the running reply and hand out only the new suffix (keeps multi-byte and spaces intact)."""
+
+    def __init__(self, decode: Any) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self._decode(self.ids).lstrip()
+        if text.endswith("\ufffd") or len(text) <= len(self.emitted):
+            return ""  # an incomplete UTF-8 sequence, or nothing new yet
+        piece = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return piece
+
+
+class TransformersLLM:
+    """:class:`~engine.llm.base.LLM` on a local transformers causal LM (default: bundled SmolLM2-135M).
+
+    Construction loads the model (blocking; seconds, or ~25-60 s the very first time a GGUF is
+    dequantized): call it from an executor, e.g. ``await asyncio.to_thread(load_llm, cfg, progress)``.
+    """
+
+    def __init__(
+        self,
+        config: LLMConfig | None = None,
+        progress: Progress = silent_progress,
+        *,
+        cache_slots: int = 8,
+        warmup: bool = True,
+    ) -> None:
+        self.config = config or LLMConfig()  # type: ignore[call-arg]
+        if self.config.threads > 0:
+            torch.set_num_threads(self.config.threads)
+        self.device = pick_device(self.config.device)
+        self.dtype = pick_dtype(self.config.dtype, self.device)
+        self.source = resolve_source(self.config.model)
+        self.model, self.tokenizer = load_model(
+            self.source,
+            cache_dir=self.config.cache_dir,
+            dtype=self.dtype,
+            device=self.device,
+            progress=progress,
+        )
+        self._tok_lock = threading.Lock()  # fast tokenizers dislike concurrent use
+        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.stop_ids = self._stop_ids()
+        # transformers 5.2x renamed `past_key_values` to `cache` (the old name warns, then goes away).
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.caches = PrefixCacheStore(cache_slots)
+        # Cumulative counters over all calls (the worker threads update them).
+        self.prefilled_tokens = 0
+        self.reused_tokens = 0
+        self.generated_tokens = 0
+        self.last_call = CallStats()
+        if warmup:
+            with torch.inference_mode():
+                self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
+
+    # ---- the LLM protocol ---------------------------------------------------------------
+
+    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> TransformersStream:
+        return TransformersStream(self, list(messages), cache_key)
+
+    def with_options(self, **changes: Any) -> TransformersLLM:
+        """A sibling sharing this one's weights and tokenizer, with other sampling settings
+        (its own KV caches and counters): e.g. a per-persona temperature."""
+        bad = set(changes) - SAMPLING_OPTIONS
+        if bad:
+            raise ValueError(f"with_options only changes {sorted(SAMPLING_OPTIONS)}, not {sorted(bad)}")
+        sibling = copy.copy(self)
+        sibling.config = LLMConfig.model_validate({**self.config.model_dump(), **changes})
+        sibling.caches = PrefixCacheStore(self.caches.slots)
+        sibling.prefilled_tokens = sibling.reused_tokens = sibling.generated_tokens = 0
+        sibling.last_call = CallStats()
+        return sibling
+
+    def describe(self) -> str:
+        threads = f", {torch.get_num_threads()} threads" if self.device == "cpu" else ""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"transformers {self.source.label or self.source.location} ({self.device}, {dtype}{threads})"
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+        """The prompt token ids: the tokenizer's chat template with the assistant turn opened."""
+        with self._tok_lock:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _stop_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list | tuple):
+                ids.update(int(i) for i in source)
+        unk = self.tokenizer.unk_token_id
+        for token in END_OF_TURN_TOKENS:
+            tid = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != unk:
+                ids.add(tid)
+        return sorted(ids)
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers
+            return DynamicCache()
+
+    def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
+        """Feed ``ids`` after what ``cache`` holds; return the last position's logits as float32 [1, V]."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        kwargs = {self._cache_arg: cache}
+        out = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **kwargs)
+        return out.logits[:, -1, :].float()
+
+    def _processors(self) -> Any:
+        from transformers import (
+            LogitsProcessorList,
+            NoRepeatNGramLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        cfg = self.config
+        procs = LogitsProcessorList()
+        if cfg.repetition_penalty > 1.0:
+            procs.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+        if cfg.no_repeat_ngram_size > 0:
+            procs.append(NoRepeatNGramLogitsProcessor(cfg.no_repeat_ngram_size))
+        if cfg.temperature > 0:
+            procs.append(TemperatureLogitsWarper(cfg.temperature))
+            if cfg.top_p < 1.0:
+                procs.append(TopPLogitsWarper(cfg.top_p))
+        return procs
+
+    # ---- the worker thread --------------------------------------------------------------
+
+    def _worker(self, messages: list[ChatMessage], key: str | None, chan: _Channel) -> None:
+        stats = CallStats()
+        self.last_call = stats
+        owned, entry = self.caches.take(key, chan.stop) if key is not None else (False, None)
+        error: BaseException | None = None
+        keep: CacheEntry | None = None
+        try:
+            with torch.inference_mode():
+                keep = self._generate(messages, entry, chan, stats)
+        except LLMError as e:
+            error = e
+        except Exception as e:
+            log.exception("llm generation failed")
+            error = LLMError(f"transformers generation failed: {e!r}")
+        finally:
+            stats.elapsed_s = time.perf_counter() - stats.started
+            if error is not None:
+                stats.stop_reason = "error"
+            if key is not None and owned:
+                self.caches.put_back(key, keep)  # before the end is signalled: the next call finds it
+        chan.finish(error)
+
+    def _generate(
+        self, messages: list[ChatMessage], entry: CacheEntry | None, chan: _Channel, stats: CallStats
+    ) -> CacheEntry:
+        cfg = self.config
+        ids = self.encode_chat(messages)
+        stats.prompt_tokens = len(ids)
+        if len(ids) + cfg.max_new_tokens > self.max_positions:
+            raise LLMError(
+                f"prompt of {len(ids)} tokens + max_new_tokens {cfg.max_new_tokens} exceeds "
+                f"the model's {self.max_positions} positions: shorten the history"
+            )
+        # Reuse the longest common prefix; at least one token must be fed to get logits.
+        keep = 0
+        cache = None
+        if entry is not None and entry.cache.get_seq_length() == len(entry.ids):
+            keep = min(common_prefix_len(entry.ids, ids), len(ids) - 1)
+            if keep > 0:
+                cache = entry.cache
+                crop_cache(cache, len(entry.ids), keep)
+        if cache is None:
+            cache, keep = self._new_cache(), 0
+        fed = ids[:keep]
+        stats.reused_tokens = keep
+        self.reused_tokens += keep
+
+        logits: torch.Tensor | None = None
+        for start in range(keep, len(ids), PREFILL_CHUNK):
+            if chan.stop.is_set():
+                stats.stop_reason = "cancelled"
+                return CacheEntry(fed, cache)
+            chunk = ids[start : start + PREFILL_CHUNK]
+            logits = self._forward(chunk, cache)
+            fed.extend(chunk)
+            stats.prefilled_tokens += len(chunk)
+            self.prefilled_tokens += len(chunk)
+        assert logits is not None
+
+        procs = self._processors()
+        greedy = cfg.temperature == 0
+        detok = _Detokenizer(self._decode)
+        reply: list[int] = []
+        stats.stop_reason = "max_new_tokens"
+        for step in range(cfg.max_new_tokens):
+            # Penalties look at the reply only: the prompt holds the persona, names and the
+            # template's own markers, which the reply must stay free to repeat.
+            logits = procs(torch.tensor([reply], dtype=torch.long, device=logits.device), logits)
+            if greedy:
+                token = int(torch.argmax(logits, dim=-1))
+            else:
+                token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1))
+            reply.append(token)
+            stats.reply_ids.append(token)
+            stats.generated_tokens += 1
+            self.generated_tokens += 1
+            if token in self.stop_ids:
+                stats.stop_reason = "eos"
+                break
+            piece = detok.push(token)
+            if piece:
+                if stats.ttft_s is None:
+                    stats.ttft_s = time.perf_counter() - stats.started
+                if not chan.put(piece):
+                    stats.stop_reason = "cancelled"
+                    break
+            if step == cfg.max_new_tokens - 1:
+                break
+            if chan.stop.is_set():
+                stats.stop_reason = "cancelled"
+                break
+            logits = self._forward([token], cache)
+            fed.append(token)
+        return CacheEntry(fed, cache)

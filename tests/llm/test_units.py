@@ -1,0 +1,72 @@
+"""Fast checks of the pieces around the models (no weights loaded)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.llm.base import LLMError
+from engine.llm.config import LLMConfig
+from engine.llm.factory import load_llm
+from engine.llm.hf_models import gguf_cache_dir, resolve_source
+from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len
+
+pytestmark = pytest.mark.unit
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([1, 2], [1, 2]) == 2
+
+
+def test_store_is_an_lru_of_claimed_entries() -> None:
+    store = PrefixCacheStore(slots=2)
+    stop = threading.Event()
+    for key in ("a", "b", "c"):
+        owned, entry = store.take(key, stop)
+        assert owned and entry is None
+        store.put_back(key, CacheEntry([1, 2], cache=None))
+    assert len(store) == 2 and store.cached_tokens("a") == 0  # 'a' was evicted
+    owned, entry = store.take("b", stop)
+    assert owned and entry is not None and entry.ids == [1, 2]
+    assert store.cached_tokens("b") == 0  # taken out while in use
+
+
+def test_a_busy_key_waits_then_runs_cold() -> None:
+    store = PrefixCacheStore()
+    stop = threading.Event()
+    store.put_back("k", CacheEntry([7], cache=None))
+    assert store.take("k", stop)[0]
+    start = time.perf_counter()
+    assert store.take("k", stop, wait_s=0.1) == (False, None)  # still held: cold, must not put back
+    assert time.perf_counter() - start >= 0.1
+    threading.Timer(0.05, store.put_back, args=("k", CacheEntry([8], cache=None))).start()
+    owned, entry = store.take("k", stop, wait_s=2.0)
+    assert owned and entry is not None and entry.ids == [8]
+
+
+def test_model_sources(tmp_path: Path) -> None:
+    bundled = resolve_source("bundled:smollm2-135m")
+    assert bundled.kind == "gguf" and bundled.gguf_file and bundled.gguf_file.endswith(".gguf")
+    key = gguf_cache_dir(bundled, tmp_path)
+    assert key.parent == tmp_path and key == gguf_cache_dir(bundled, tmp_path)
+    assert resolve_source("HuggingFaceTB/SmolLM2-135M-Instruct").kind == "hub"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert resolve_source(str(tmp_path / "m")).kind == "folder"
+    with pytest.raises(LLMError, match="unknown bundled model"):
+        resolve_source("bundled:gpt-9")
+    with pytest.raises(LLMError, match="not a bundled model, an existing path or a hub id"):
+        resolve_source("./missing/folder/x")
+    with pytest.raises(LLMError, match="no config.json"):
+        resolve_source(str(tmp_path))
+
+
+def test_unknown_backend_is_refused() -> None:
+    config = LLMConfig.model_construct(backend="nope")
+    with pytest.raises(LLMError, match="llm.backend"):
+        load_llm(config)
