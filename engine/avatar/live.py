@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from av import VideoFrame
 
 from engine.avatar.animator import Animator
+from engine.avatar.backends.base import FrameBackend
 from engine.avatar.config import AvatarConfig
 from engine.avatar.profiles import profile_size
 
@@ -28,26 +28,35 @@ log = logging.getLogger(__name__)
 FPS = 30
 
 
-class Renderer(Protocol):
-    """What the pool needs of a backend: premultiplied RGBA uint8 frames, region-updated in place."""
-
-    width: int
-    height: int
-    region: tuple[int, int, int, int]
-
-    def new_frames(self, batch: int = 1) -> np.ndarray: ...
-
-    def render_into(self, frames: np.ndarray, params: np.ndarray) -> np.ndarray: ...
+Region = tuple[int, int, int, int]
+Finish = Callable[[np.ndarray, Region], VideoFrame]
 
 
-RendererFactory = Callable[[str], Renderer]
+def changing_region(backend: FrameBackend) -> Region:
+    """The part of the frame that can change (the rest is static art); the whole frame if unknown."""
+    generator = getattr(backend, "generator", None)
+    region = getattr(generator, "region", None)
+    return tuple(region) if region is not None else (0, 0, backend.width, backend.height)  # type: ignore[return-value]
+
+
+RendererFactory = Callable[[str], FrameBackend]
+
+
+def renderer_factory(config: AvatarConfig) -> RendererFactory:
+    """Build the configured character's frame backend for a profile."""
+
+    def build(profile: str) -> FrameBackend:
+        from engine.avatar.backends import select_backend
+
+        return select_backend(config.backend, profile, config.character)
+
+    return build
 
 
 @dataclass
 class _Job:
     params: np.ndarray
-    frame: np.ndarray  # [1, H, W, 4] uint8, the session's own buffer
-    finish: Callable[[np.ndarray], VideoFrame]  # runs in the render thread after the render
+    finish: Finish  # runs in the render thread on the rendered RGBA frame
     done: asyncio.Future[VideoFrame]
     result: VideoFrame | None = None
 
@@ -55,29 +64,27 @@ class _Job:
 class RenderPool:
     def __init__(self, factory: RendererFactory) -> None:
         self._factory = factory
-        self._renderers: dict[str, Renderer] = {}
+        self._backends: dict[str, FrameBackend] = {}
         self._pending: dict[str, list[_Job]] = {}
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="render")
         self.batches = 0
         self.frames = 0
 
-    def renderer(self, profile: str) -> Renderer:
-        """The renderer for ``profile`` (built on first use; blocking: call from a worker thread)."""
-        if profile not in self._renderers:
-            self._renderers[profile] = self._factory(profile)
-        return self._renderers[profile]
+    def backend(self, profile: str) -> FrameBackend:
+        """The backend for ``profile`` (built on first use; blocking: call from the render thread)."""
+        if profile not in self._backends:
+            self._backends[profile] = self._factory(profile)
+        return self._backends[profile]
 
-    async def prepare(self, profile: str) -> Renderer:
+    async def prepare(self, profile: str) -> FrameBackend:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self.renderer, profile)
+        return await loop.run_in_executor(self._thread, self.backend, profile)
 
-    async def render(
-        self, profile: str, params: np.ndarray, frame: np.ndarray, finish: Callable[[np.ndarray], VideoFrame]
-    ) -> VideoFrame:
-        """Render ``params`` into ``frame`` and ``finish`` it into a video frame, off the loop.
-        Joins whatever other sessions asked for in this tick into one batched call."""
+    async def render(self, profile: str, params: np.ndarray, finish: Finish) -> VideoFrame:
+        """Render ``params`` and ``finish`` the frame into a video frame, off the loop.
+        Requests from all sessions made in the same loop tick share one batched call."""
         loop = asyncio.get_running_loop()
-        job = _Job(params, frame, finish, loop.create_future())
+        job = _Job(params, finish, loop.create_future())
         batch = self._pending.setdefault(profile, [])
         batch.append(job)
         if len(batch) == 1:
@@ -104,17 +111,11 @@ class RenderPool:
         fut.add_done_callback(finished)
 
     def _render_batch(self, profile: str, jobs: list[_Job]) -> None:
-        renderer = self.renderer(profile)
-        if len(jobs) == 1:
-            renderer.render_into(jobs[0].frame, jobs[0].params[None])
-        else:
-            frames = np.concatenate([j.frame for j in jobs])
-            renderer.render_into(frames, np.stack([j.params for j in jobs]))
-            for i, j in enumerate(jobs):
-                x, y, w, h = renderer.region
-                j.frame[0, y : y + h, x : x + w] = frames[i, y : y + h, x : x + w]
-        for j in jobs:
-            j.result = j.finish(j.frame)
+        backend = self.backend(profile)
+        frames = backend.render(np.stack([j.params for j in jobs]))
+        region = changing_region(backend)
+        for i, job in enumerate(jobs):
+            job.result = job.finish(frames[i], region)
         self.batches += 1
         self.frames += len(jobs)
 
@@ -170,33 +171,26 @@ class SessionVideo:
         self.config = config
         self.compensation = compensation
         self.profile: str = config.profile
-        self._frame: np.ndarray | None = None
         self._compositor: Compositor | None = None
-        self._renderer: Renderer | None = None
 
     def set_profile(self, profile: str) -> None:
         """Switch the output size live (models stay loaded; the encoder re-initializes on the new size)."""
         profile_size(profile)  # validates
         self.profile = profile
-        self._frame = None
 
-    async def _ensure(self) -> tuple[Renderer, np.ndarray, Compositor]:
-        if self._frame is None or self._renderer is None or self._compositor is None:
-            renderer = await self.pool.prepare(self.profile)
-            self._renderer = renderer
-            self._frame = renderer.new_frames(1)
-            self._compositor = Compositor(
-                renderer.width, renderer.height, self.config.packed_alpha, self.config.background
-            )
-        return self._renderer, self._frame, self._compositor
+    def _compositor_for(self, width: int, height: int) -> Compositor:
+        c = self._compositor
+        if c is None or (c.width, c.height) != (width, height):
+            c = self._compositor = Compositor(width, height, self.config.packed_alpha, self.config.background)
+        return c
 
     async def frame_at(self, t: float) -> VideoFrame:
-        renderer, frame, compositor = await self._ensure()
         params = self.animator.params_at(t, compensation_s=self.compensation())
 
-        def finish(rendered: np.ndarray) -> VideoFrame:
-            rgb = compositor.compose(rendered[0], renderer.region)
+        def finish(rgba: np.ndarray, region: Region) -> VideoFrame:
+            compositor = self._compositor_for(rgba.shape[1], rgba.shape[0])
+            rgb = compositor.compose(rgba, region)
             # from_ndarray copies the buffer; aiortc converts to yuv420p in its encoder thread.
             return VideoFrame.from_ndarray(rgb, format="rgb24")
 
-        return await self.pool.render(self.profile, params, frame, finish)
+        return await self.pool.render(self.profile, params, finish)

@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from engine.avatar.attach import attach_avatar
+from engine.avatar.live import RenderPool, renderer_factory
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
@@ -65,6 +67,10 @@ class Engine:
         if models is not None:
             self._ready.set()
         self.prompt_factory: PromptFactory | None = None
+        self.render_pool: RenderPool | None = None
+        if settings.avatar.enabled:
+            self.render_pool = RenderPool(renderer_factory(settings.avatar))
+            self.on_session_created.append(self._attach_avatar)
         self.on_session_created: list[SessionHook] = []
         self.on_session_closed: list[SessionHook] = []
 
@@ -88,6 +94,9 @@ class Engine:
 
         try:
             self.models = await asyncio.to_thread(load_models, self.settings, progress)
+            if self.render_pool is not None:
+                self._progress("avatar", f"preparing the character at {self.settings.avatar.profile}")
+                await self.render_pool.prepare(self.settings.avatar.profile)
         except Exception as e:
             log.exception("loading models failed")
             self.status.state, self.status.error = "failed", f"{type(e).__name__}: {e}"
@@ -126,7 +135,13 @@ class Engine:
         await session.close()
         return True
 
+    async def _attach_avatar(self, session: Session) -> None:
+        assert self.render_pool is not None
+        attach_avatar(session, self.render_pool)
+
     async def shutdown(self) -> None:
         for sid in list(self.sessions):
             await self.close_session(sid)
         await self._owner.cancel_all()
+        if self.render_pool is not None:
+            self.render_pool.close()

@@ -41,7 +41,7 @@ class PeerManager:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.peers: dict[str, RTCPeerConnection] = {}
-        self.track_factories: list[TrackFactory] = []
+        self.track_factories: list[TrackFactory] = [lambda session: session.video_track]
         engine.on_session_closed.append(self._session_closed)
 
     def _configuration(self) -> RTCConfiguration:
