@@ -31,11 +31,15 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--render", action="store_true", help="frame-generation ms per frame per backend")
     p.add_argument("--memory", action="store_true", help="persona memory bank recall and search latency")
+    p.add_argument("--backends", help="--render: comma-separated backends (default: all available)")
+    p.add_argument("--profiles", default="720p,1080p", help="--render: comma-separated output profiles")
+    p.add_argument("--batches", default="1,8,32,64", help="--render: comma-separated batch sizes (1 to 64)")
+    p.add_argument("--frames", type=int, default=30, help="--render: frames timed per row")
 
 
 def run_bench(args: argparse.Namespace, settings: Settings) -> int:
     if args.render:
-        from engine.avatar.bench_render import run_render_bench_cli
+        from engine.bench.render import run_render_bench_cli
 
         return run_render_bench_cli(args, settings)
     if args.memory:
@@ -158,9 +162,12 @@ async def _voice(args: argparse.Namespace, settings: Settings) -> dict[str, Any]
     rounds = args.barge_rounds
     if args.url:
         wait_ready(args.url)
-        return await run_voice_bench(args.url, questions, barge if rounds else None, rounds)
+        return await run_voice_bench(
+            args.url, questions, barge if rounds else None, rounds, settings.avatar.character
+        )
+    character = settings.avatar.character
     with engine_process(args) as url:
-        return await run_voice_bench(url, questions, barge if rounds else None, rounds)
+        return await run_voice_bench(url, questions, barge if rounds else None, rounds, character)
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -182,3 +189,7 @@ def print_table(report: dict[str, Any]) -> None:
         s = report[key]
         print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")
     print(f"wer: {report['wer']}")
+    if report.get("video_size"):
+        ls = report["lipsync_offset_ms"]
+        print(f"video {report['video_size']}: fps mean {report['fps_mean']} min(1s) {report['fps_min_1s']}")
+        print(f"lipsync_offset_ms: mean {ls['mean']} p95 {ls['p95']} n {ls['n']} (positive = video late)")

@@ -95,6 +95,7 @@ class ReceivedAudio:
     """Arrival times and levels of the reply frames, plus the audio itself (bounded)."""
 
     times: list[float] = field(default_factory=list)
+    pts_s: list[float] = field(default_factory=list)  # receiver-relative RTP time of each frame
     rms: list[float] = field(default_factory=list)
     onset: list[float] = field(default_factory=list)  # first loud sample time within the frame, or nan
     pcm: list[np.ndarray] = field(default_factory=list)
@@ -129,12 +130,14 @@ async def record_audio(track: MediaStreamTrack, clock: Clock, out: ReceivedAudio
         except MediaStreamError:
             return
         now = clock.now()
+        assert isinstance(frame, AudioFrame)
         data = frame.to_ndarray().astype(np.float32) / 32768.0
         channels = len(frame.layout.channels)
         mono = data.reshape(-1, channels).mean(axis=1) if channels > 1 else data.reshape(-1)
         rms = float(np.sqrt(np.mean(mono**2))) if len(mono) else 0.0
         loud = np.flatnonzero(np.abs(mono) > LOUD_RMS * 3)
         out.times.append(now)
+        out.pts_s.append(frame.pts / frame.sample_rate if frame.pts is not None else now)
         out.rms.append(rms)
         out.onset.append(float(loud[0]) / RATE if rms >= LOUD_RMS and len(loud) else float("nan"))
         if out.keep_pcm:

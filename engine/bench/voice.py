@@ -17,6 +17,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from engine.asr.wer import word_error_rate
 from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
 from engine.bench.stats import summarize
+from engine.bench.video import ReceivedVideo, frame_rate, receiver_timeline, record_video
 from engine.clock import MediaClock
 from engine.tasks import TaskOwner
 
@@ -53,12 +54,13 @@ class TurnResult:
     timestamps: dict[str, Any] = field(default_factory=dict)
     barge_in_stop_ms: float | None = None
     reply: str = ""
+    reply_window: tuple[float, float] | None = None  # receiver clock: first loud → quiet
 
 
 class EngineConnection:
     """One bench session against a running engine: peer connection + event socket."""
 
-    def __init__(self, url: str, clock: MediaClock) -> None:
+    def __init__(self, url: str, clock: MediaClock, character: str = "builtin:default") -> None:
         self.url = url.rstrip("/")
         self.clock = clock
         self.pc = RTCPeerConnection()
@@ -66,22 +68,23 @@ class EngineConnection:
         self.received = ReceivedAudio()
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._owner = TaskOwner("bench")
+        self.video = ReceivedVideo()
+        self.character = character
         self.session_id = ""
         self._http: aiohttp.ClientSession | None = None
 
-    async def open(self, with_video: bool = False) -> None:
+    async def open(self, with_video: bool = True) -> None:
         self._http = aiohttp.ClientSession()
         self.pc.addTrack(self.mic)
         if with_video:
             self.pc.addTransceiver("video", direction="recvonly")
-        self.video_track: Any = None
 
         @self.pc.on("track")
         def on_track(track: Any) -> None:
             if track.kind == "audio":
                 self._owner.spawn(record_audio(track, self.clock, self.received), "record-audio")
             else:
-                self.video_track = track
+                self._owner.spawn(record_video(track, self.clock, self.video, self.character), "record-video")
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         async with self._http.post(
@@ -173,6 +176,10 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     if heard is not None:
         result.voice_to_voice_ms = round((heard - clip.sent_end) * 1000.0, 1)
     await _settle(conn)
+    if heard is not None:
+        end = conn.received.quiet_from(heard, hold_s=0.5)
+        if end is not None:
+            result.reply_window = (heard, end)
     return result
 
 
@@ -202,10 +209,14 @@ async def barge_in(
 
 
 async def run_voice_bench(
-    url: str, questions: Sequence[Question], barge: tuple[Question, Question] | None, barge_rounds: int = 3
+    url: str,
+    questions: Sequence[Question],
+    barge: tuple[Question, Question] | None,
+    barge_rounds: int = 3,
+    character: str = "builtin:default",
 ) -> dict[str, Any]:
     clock = MediaClock()
-    conn = EngineConnection(url, clock)
+    conn = EngineConnection(url, clock, character)
     await conn.open()
     turns: list[TurnResult] = []
     stops: list[float] = []
@@ -223,6 +234,7 @@ async def run_voice_bench(
     finally:
         await conn.close()
     v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
+    video = video_report(conn, [t.reply_window for t in turns if t.reply_window is not None])
     wer = word_error_rate([q.text for q in questions], [t.transcript for t in turns])
     stage_names = sorted({k for t in turns for k in t.stages_ms})
     return {
@@ -230,8 +242,34 @@ async def run_voice_bench(
         "barge_in_stop_ms": summarize(stops),
         "wer": round(wer, 4),
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
+        **video,
         "turns": [t.__dict__ for t in turns],
     }
+
+
+def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> dict[str, Any]:
+    """Frame rate and lip-sync offset at the receiver (empty figures when no video arrived)."""
+    from engine.lipsync.measure import offsets_per_reply
+    from engine.lipsync.measure import summarize as summarize_offsets
+
+    v, a = conn.video, conn.received
+    report: dict[str, Any] = frame_rate(v.arrivals)
+    report["video_size"] = list(v.size) if v.size else None
+    if len(v.arrivals) < 30 or not a.pcm or not replies:
+        report["lipsync_offset_ms"] = {"mean": None, "p95": None, "n": 0}
+        return report
+    cv = receiver_timeline(v.arrivals, v.pts)
+    ca = receiver_timeline(a.times, a.pts_s)
+    video_t = np.asarray(v.pts) + cv
+    audio = np.concatenate(a.pcm)
+    offsets = offsets_per_reply(video_t, v.mouth, audio, a.pts_s[0] + ca, replies, fps=30.0)
+    s = summarize_offsets(offsets)
+    report["lipsync_offset_ms"] = {k: (round(x, 1) if isinstance(x, float) else x) for k, x in s.items()}
+    report["lipsync_offset_frames_mean"] = round(s["mean"] * 30 / 1000.0, 2) if s["n"] else None
+    report["lipsync_per_reply"] = [
+        {"offset_ms": round(o.offset_ms, 1), "confidence": round(o.confidence, 2)} for o in offsets
+    ]
+    return report
 
 
 def load_questions(paths: Sequence[str]) -> list[tuple[str, Path]]:

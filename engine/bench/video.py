@@ -1,0 +1,107 @@
+"""What the viewer sees: frame rate, frame-interval jitter and lip sync, read from received frames.
+
+The mouth is read from the pixels: the open mouth's dark interior is counted inside a
+region found by rendering the same character with the mouth shut and wide open.
+Both tracks are placed on the receiver's clock with a constant-delay model
+(arrival − media time, 10th percentile per track), i.e. as a receiver that plays
+each track as soon as it can.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import VideoFrame
+
+from engine.bench.stats import summarize
+from engine.clock import Clock
+
+DARK_LUMA = 70  # the mouth interior is darker than skin, lips and teeth
+
+
+@dataclass
+class MouthProbe:
+    """Where the mouth is in a frame of a given size, and how to read its openness."""
+
+    box: tuple[int, int, int, int]  # x, y, w, h
+
+    @classmethod
+    def for_size(cls, width: int, height: int, character: str = "builtin:default") -> MouthProbe:
+        from engine.avatar.character import load_character
+        from engine.avatar.generator import FrameGenerator, rest_params
+
+        gen = FrameGenerator(load_character(character), (width, height)).eval()
+        shut = gen.new_frames(1)
+        gen.render_into(shut, rest_params(1))
+        wide = gen.new_frames(1)
+        gen.render_into(wide, rest_params(1, viseme_sil=0.0, viseme_aa=1.0))
+        diff = np.abs(shut[0, ..., :3].astype(np.int16) - wide[0, ..., :3].astype(np.int16)).sum(-1) > 60
+        ys, xs = np.nonzero(diff)
+        if len(xs) == 0:
+            raise RuntimeError("could not find the mouth: open and shut frames are identical")
+        pad_x = max(8, (xs.max() - xs.min()) // 2)
+        pad_y = max(8, (ys.max() - ys.min()) // 2)
+        x0, y0 = max(0, xs.min() - pad_x), max(0, ys.min() - pad_y)
+        x1, y1 = min(width, xs.max() + pad_x), min(height, ys.max() + pad_y)
+        return cls((int(x0), int(y0), int(x1 - x0), int(y1 - y0)))
+
+    def openness(self, luma: np.ndarray) -> float:
+        x, y, w, h = self.box
+        roi = luma[y : y + h, x : x + w]
+        return float((roi < DARK_LUMA).mean())
+
+
+@dataclass
+class ReceivedVideo:
+    arrivals: list[float] = field(default_factory=list)
+    pts: list[float] = field(default_factory=list)  # seconds (receiver-relative RTP time)
+    mouth: list[float] = field(default_factory=list)
+    size: tuple[int, int] | None = None
+    probe: MouthProbe | None = None
+
+
+async def record_video(track: MediaStreamTrack, clock: Clock, out: ReceivedVideo, character: str) -> None:
+    import asyncio
+
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        now = clock.now()
+        assert isinstance(frame, VideoFrame)
+        size = (frame.width, frame.height)
+        if out.probe is None or out.size != size:
+            out.size = size
+            out.probe = await asyncio.to_thread(MouthProbe.for_size, frame.width, frame.height, character)
+        luma = frame.to_ndarray(format="gray")
+        out.arrivals.append(now)
+        out.pts.append(frame.pts / 90000.0 if frame.pts is not None else now)
+        out.mouth.append(out.probe.openness(luma))
+
+
+def frame_rate(arrivals: list[float], skip_s: float = 2.0) -> dict[str, Any]:
+    """Delivered fps: the lowest count in any one-second window, the mean, and interval jitter."""
+    t = np.asarray(arrivals, dtype=np.float64)
+    if len(t) < 10:
+        return {"fps_min_1s": None, "fps_mean": None, "frame_interval_ms": summarize([])}
+    t = t[t >= t[0] + skip_s]
+    if len(t) < 10 or t[-1] - t[0] < 1.0:
+        return {"fps_min_1s": None, "fps_mean": None, "frame_interval_ms": summarize([])}
+    starts = np.arange(t[0], t[-1] - 1.0, 0.1)
+    counts = [int(np.searchsorted(t, s + 1.0) - np.searchsorted(t, s)) for s in starts]
+    intervals = np.diff(t) * 1000.0
+    return {
+        "fps_min_1s": int(min(counts)),
+        "fps_mean": round(float((len(t) - 1) / (t[-1] - t[0])), 2),
+        "frame_interval_ms": summarize(intervals.tolist()) | {"std": round(float(intervals.std()), 2)},
+    }
+
+
+def receiver_timeline(arrivals: list[float], media_s: list[float]) -> float:
+    """The constant delay that puts media time on the receiver's clock (10th percentile)."""
+    d = np.asarray(arrivals) - np.asarray(media_s)
+    return float(np.percentile(d, 10))
