@@ -1,0 +1,158 @@
+"""The silero voice-activity detector on synthesized speech, silence and noise."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from engine.vad import VADEndOfTurn, VADResult, VADSpeechPaused, VADSpeechResumed, VADSpeechStarted
+from engine.vad.config import VADConfig
+from engine.vad.silero import SAMPLE_RATE, WINDOW, SileroModel, VoiceActivityDetector, shared_silero_model
+from tests.conftest import speech_16k
+
+pytestmark = pytest.mark.integration
+
+SR = SAMPLE_RATE
+SENTENCE = "What are we going to play on stream today?"
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SR), dtype=np.float32)
+
+
+def loud_span(audio: np.ndarray) -> tuple[float, float]:
+    """Where the signal is audible (|x| > 0.02), in seconds."""
+    idx = np.flatnonzero(np.abs(audio) > 0.02)
+    return idx[0] / SR, (idx[-1] + 1) / SR
+
+
+def feed_in_pieces(
+    det: VoiceActivityDetector, audio: np.ndarray, t0: float = 0.0, seed: int = 0
+) -> list[VADResult]:
+    """Feed ``audio`` in random-length pieces, each stamped with its clock time."""
+    rng = np.random.default_rng(seed)
+    out: list[VADResult] = []
+    i = 0
+    while i < len(audio):
+        n = int(rng.integers(80, 2000))
+        out += det.feed(audio[i : i + n], t0 + i / SR)
+        i += n
+    return out
+
+
+def of_type(results: list[VADResult], kind: type) -> list[VADResult]:
+    return [r for r in results if isinstance(r, kind)]
+
+
+@pytest.fixture(scope="module")
+def sentence() -> np.ndarray:
+    return speech_16k(SENTENCE)
+
+
+def test_speech_start_and_end_times(sentence: np.ndarray) -> None:
+    audio = np.concatenate([silence(1.0), sentence, silence(1.5)])
+    on, off = loud_span(audio)
+    results = feed_in_pieces(VoiceActivityDetector(), audio, t0=50.0)
+
+    starts = of_type(results, VADSpeechStarted)
+    ends = of_type(results, VADEndOfTurn)
+    assert len(starts) == 1 and len(ends) == 1
+    assert isinstance(results[0], VADSpeechStarted) and isinstance(results[-1], VADEndOfTurn)
+    start, end = starts[0], ends[0]
+    assert isinstance(start, VADSpeechStarted) and isinstance(end, VADEndOfTurn)
+    assert start.t == pytest.approx(50.0 + on, abs=0.1)
+    assert end.speech_start_t == start.t
+    assert end.speech_end_t == pytest.approx(50.0 + off, abs=0.15)
+    # the end of turn comes after exactly the configured silence (to one window)
+    assert end.t - end.speech_end_t == pytest.approx(0.4, abs=WINDOW / SR + 1e-6)
+    # a pause always precedes the end of turn, at the same silence start
+    pauses = of_type(results, VADSpeechPaused)
+    assert pauses and pauses[-1].t == end.speech_end_t
+    assert pauses[-1].detected_t <= end.detected_t
+
+
+def test_piece_sizes_do_not_change_results(sentence: np.ndarray) -> None:
+    audio = np.concatenate([silence(0.5), sentence, silence(1.0)])
+    whole = VoiceActivityDetector().feed(audio, 0.0)
+    pieces = feed_in_pieces(VoiceActivityDetector(), audio, seed=7)
+    assert whole == pieces
+
+
+def test_end_of_turn_only_after_configured_silence() -> None:
+    a, b = speech_16k("Wait a moment."), speech_16k("Okay, now I am ready.")
+    audio = np.concatenate([silence(0.5), a, silence(0.3), b, silence(1.0)])
+
+    patient = feed_in_pieces(VoiceActivityDetector(VADConfig(end_of_turn_silence_ms=600)), audio)
+    assert len(of_type(patient, VADEndOfTurn)) == 1
+    assert len(of_type(patient, VADSpeechStarted)) == 1
+    assert of_type(patient, VADSpeechResumed), "the gap between the phrases is a pause, then a resume"
+
+    eager = feed_in_pieces(VoiceActivityDetector(VADConfig(end_of_turn_silence_ms=150)), audio)
+    assert len(of_type(eager, VADEndOfTurn)) >= 2
+    for r in of_type(eager, VADEndOfTurn):
+        assert isinstance(r, VADEndOfTurn) and r.t - r.speech_end_t >= 0.15 - 1e-9
+
+
+@pytest.mark.parametrize("kind", ["silence", "white_noise", "hum"])
+def test_no_speech_in_silence_or_noise(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    n = 3 * SR
+    audio = {
+        "silence": np.zeros(n),
+        "white_noise": rng.standard_normal(n) * 0.01,
+        "hum": 0.05 * np.sin(2 * np.pi * 100 * np.arange(n) / SR),
+    }[kind].astype(np.float32)
+    det = VoiceActivityDetector()
+    assert feed_in_pieces(det, audio) == []
+    assert not det.in_turn
+
+
+def test_short_burst_is_not_speech(sentence: np.ndarray) -> None:
+    on, _ = loud_span(sentence)
+    burst = sentence[int(on * SR) : int(on * SR) + int(0.1 * SR)]
+    audio = np.concatenate([silence(0.5), burst, silence(1.0)])
+    det = VoiceActivityDetector(VADConfig(min_speech_ms=300))
+    assert feed_in_pieces(det, audio) == []
+
+
+def test_state_is_per_detector_and_matches_silero(sentence: np.ndarray) -> None:
+    """Interleaved detectors do not share state; probabilities equal silero's own wrapper."""
+    import torch
+    from silero_vad import load_silero_vad
+
+    audio = np.concatenate([silence(0.3), sentence[: SR * 2]])
+    reference = load_silero_vad(onnx=True)
+    a, b = VoiceActivityDetector(), VoiceActivityDetector()
+    rng = np.random.default_rng(3)
+    for k in range(len(audio) // WINDOW):
+        window = audio[k * WINDOW : (k + 1) * WINDOW]
+        a.feed(window, k * WINDOW / SR)
+        b.feed(rng.standard_normal(WINDOW).astype(np.float32) * 0.1, k * WINDOW / SR)
+        expected = float(reference(torch.from_numpy(window), SR).item())
+        assert a.last_probability == pytest.approx(expected, abs=1e-5)
+
+
+def test_discontinuity_reanchors_time(sentence: np.ndarray) -> None:
+    det = VoiceActivityDetector()
+    det.feed(silence(0.01), 0.0)  # a partial window, then a jump in time
+    results = det.feed(np.concatenate([silence(0.5), sentence]), 10.0)
+    start = of_type(results, VADSpeechStarted)[0]
+    assert start.t == pytest.approx(10.0 + loud_span(np.concatenate([silence(0.5), sentence]))[0], abs=0.1)
+
+
+def test_model_is_shared_and_torch_threads_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    assert VoiceActivityDetector().model is VoiceActivityDetector().model is shared_silero_model()
+    # import silero_vad afresh (it sets torch's threads to 1 at import) and check ours survive
+    for name in [m for m in sys.modules if m == "silero_vad" or m.startswith("silero_vad.")]:
+        monkeypatch.delitem(sys.modules, name)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        SileroModel.load()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
