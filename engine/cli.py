@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from engine.config import ConfigError, Settings, dump_settings, load_settings
+from engine.native import preload_native_modules
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -98,6 +99,7 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    preload_native_modules()  # before any plugin imports usearch: the other order crashes onnxruntime
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

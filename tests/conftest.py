@@ -14,6 +14,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from engine.native import preload_native_modules  # noqa: E402
+
+preload_native_modules()
+
 
 @functools.lru_cache(maxsize=1)
 def _piper_voice():  # type: ignore[no-untyped-def]

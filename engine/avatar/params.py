@@ -13,7 +13,21 @@ EXPRESSIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry", "surprised")
 GESTURES: tuple[str, ...] = ("nod", "tilt", "wave")
 # Oculus-style viseme set: silence, 10 consonant groups, 5 vowels.
 VISEMES: tuple[str, ...] = (
-    "sil", "PP", "FF", "TH", "DD", "kk", "CH", "SS", "nn", "RR", "aa", "E", "I", "O", "U",
+    "sil",
+    "PP",
+    "FF",
+    "TH",
+    "DD",
+    "kk",
+    "CH",
+    "SS",
+    "nn",
+    "RR",
+    "aa",
+    "E",
+    "I",
+    "O",
+    "U",
 )
 
 _SCALARS: tuple[tuple[str, float, float, float], ...] = (

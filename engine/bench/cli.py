@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import Settings
+from engine.native import preload_native_modules
 from engine.progress import ConsoleProgress
 
 
@@ -46,7 +47,9 @@ def run_bench(args: argparse.Namespace, settings: Settings) -> int:
         from persona.bench import run_memory_bench_cli
 
         return run_memory_bench_cli(args, settings)
-    report = asyncio.run(_voice(args, settings))
+    preload_native_modules()
+    questions, barge = build_questions(args, settings)
+    report = asyncio.run(_voice(args, settings, questions, barge))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -155,10 +158,11 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: f
     raise TimeoutError("the engine did not become ready")
 
 
-async def _voice(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+async def _voice(
+    args: argparse.Namespace, settings: Settings, questions: list[Any], barge: Any
+) -> dict[str, Any]:
     from engine.bench.voice import run_voice_bench
 
-    questions, barge = await asyncio.to_thread(build_questions, args, settings)
     rounds = args.barge_rounds
     if args.url:
         wait_ready(args.url)

@@ -7,6 +7,7 @@ import logging
 from aiohttp import web
 
 from engine.config import Settings
+from engine.native import preload_native_modules
 from engine.server.app import create_app
 
 log = logging.getLogger(__name__)
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 
 def serve(settings: Settings) -> int:
     logging.getLogger().setLevel(settings.server.log_level)
+    preload_native_modules()
     app = create_app(settings)
     host, port = settings.server.host, settings.server.port
     print(f"idolcast: serving on http://{host}:{port} (models load in the background; see /api/health)")

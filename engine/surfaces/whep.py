@@ -1,0 +1,90 @@
+"""WHEP egress: viewers (players, the OBS page, other tools) pull an existing session's audio and video.
+
+Each viewer gets its own peer connection fed by taps on the session's tracks (see
+:mod:`engine.surfaces.media`), so viewers never take frames from the host's own peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from engine.server.errors import APIError
+from engine.session.session import Session
+from engine.surfaces.media import SessionMedia
+from engine.surfaces.sdp_http import rtc_configuration
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Viewer:
+    id: str
+    session_id: str
+    pc: RTCPeerConnection
+    tracks: list[MediaStreamTrack] = field(default_factory=list)
+
+
+class WHEPServer:
+    def __init__(self, media: SessionMedia, ice_servers: list[str], max_viewers: int) -> None:
+        self.media = media
+        self.ice_servers = ice_servers
+        self.max_viewers = max_viewers
+        self.viewers: dict[str, Viewer] = {}
+
+    def count(self, session_id: str) -> int:
+        return sum(1 for v in self.viewers.values() if v.session_id == session_id)
+
+    async def answer(self, session: Session, sdp: str) -> tuple[Viewer, str]:
+        if self.count(session.id) >= self.max_viewers:
+            raise APIError(503, f"too many viewers of session '{session.id}' (max {self.max_viewers})")
+        pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
+        viewer = Viewer(uuid.uuid4().hex[:12], session.id, pc)
+        self.viewers[viewer.id] = viewer
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self.close(viewer.id)
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            for transceiver in pc.getTransceivers():
+                if transceiver.kind not in ("audio", "video"):
+                    continue
+                track = self.media.tap(session, transceiver.kind, max_ms=400.0)
+                if track is not None:
+                    pc.addTrack(track)
+                    viewer.tracks.append(track)
+            if not viewer.tracks:
+                raise APIError(400, "the offer asks for no audio or video this session can send")
+            await pc.setLocalDescription(await pc.createAnswer())
+        except APIError:
+            await self.close(viewer.id)
+            raise
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+            await self.close(viewer.id)
+            raise APIError(400, f"malformed SDP offer: {e}") from None
+        log.info("WHEP viewer %s joined session %s", viewer.id, session.id)
+        return viewer, pc.localDescription.sdp
+
+    async def close(self, viewer_id: str) -> bool:
+        viewer = self.viewers.pop(viewer_id, None)
+        if viewer is None:
+            return False
+        for track in viewer.tracks:
+            track.stop()
+        await viewer.pc.close()
+        return True
+
+    async def close_session(self, session: Session) -> None:
+        for vid in [v.id for v in self.viewers.values() if v.session_id == session.id]:
+            await self.close(vid)
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self.close(v) for v in list(self.viewers)), return_exceptions=True)
