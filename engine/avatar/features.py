@@ -211,7 +211,7 @@ class Eye(ProceduralFeature):
         norm = torch.sqrt(1.0 + slope * slope)
         th = 3.2 + 5.0 * ((t + 1.0) * 0.5) ** 2
         d_lash = torch.maximum(
-            (torch.abs(y - (yu - th * 0.35)) - th * 0.5) / norm, torch.abs(u + 1.0) - (w + 4.0)
+            (torch.abs(y - (yu - th * 0.35)) - th * 0.5) / norm, torch.abs(u - 1.5) - (w + 2.5)
         )
         out = sdf.paint(out, self.cov(d_lash), self.c_lash)
         d_low = torch.maximum(torch.abs(y - yl - 0.6) - 0.9, torch.maximum(u - w, 0.3 * w - u))

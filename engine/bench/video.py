@@ -19,14 +19,21 @@ from av import VideoFrame
 from engine.bench.stats import summarize
 from engine.clock import Clock
 
-DARK_LUMA = 70  # the mouth interior is darker than skin, lips and teeth
+def _luma(rgb: np.ndarray) -> np.ndarray:
+    return rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
 
 
 @dataclass
 class MouthProbe:
-    """Where the mouth is in a frame of a given size, and how to read its openness."""
+    """Where the mouth is in a frame of a given size, and how to read its openness.
+
+    Calibrated on the character itself: the box covers what changes between a shut and a
+    wide-open mouth (padded for head motion), and the darkness threshold sits halfway between
+    the luma of those pixels shut (skin, lips) and open (the mouth's interior).
+    """
 
     box: tuple[int, int, int, int]  # x, y, w, h
+    dark_luma: float = 70.0
 
     @classmethod
     def for_size(cls, width: int, height: int, character: str = "builtin:default") -> MouthProbe:
@@ -38,7 +45,8 @@ class MouthProbe:
         gen.render_into(shut, rest_params(1))
         wide = gen.new_frames(1)
         gen.render_into(wide, rest_params(1, viseme_sil=0.0, viseme_aa=1.0))
-        diff = np.abs(shut[0, ..., :3].astype(np.int16) - wide[0, ..., :3].astype(np.int16)).sum(-1) > 60
+        shut_l, wide_l = _luma(shut[0].astype(np.float32)), _luma(wide[0].astype(np.float32))
+        diff = (shut_l - wide_l) > 30  # pixels that get darker when the mouth opens
         ys, xs = np.nonzero(diff)
         if len(xs) == 0:
             raise RuntimeError("could not find the mouth: open and shut frames are identical")
@@ -46,12 +54,13 @@ class MouthProbe:
         pad_y = max(8, (ys.max() - ys.min()) // 2)
         x0, y0 = max(0, xs.min() - pad_x), max(0, ys.min() - pad_y)
         x1, y1 = min(width, xs.max() + pad_x), min(height, ys.max() + pad_y)
-        return cls((int(x0), int(y0), int(x1 - x0), int(y1 - y0)))
+        dark = float((np.median(shut_l[diff]) + np.median(wide_l[diff])) / 2)
+        return cls((int(x0), int(y0), int(x1 - x0), int(y1 - y0)), dark)
 
     def openness(self, luma: np.ndarray) -> float:
         x, y, w, h = self.box
         roi = luma[y : y + h, x : x + w]
-        return float((roi < DARK_LUMA).mean())
+        return float((roi < self.dark_luma).mean())
 
 
 @dataclass

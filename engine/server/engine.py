@@ -67,12 +67,12 @@ class Engine:
         if models is not None:
             self._ready.set()
         self.prompt_factory: PromptFactory | None = None
+        self.on_session_created: list[SessionHook] = []
+        self.on_session_closed: list[SessionHook] = []
         self.render_pool: RenderPool | None = None
         if settings.avatar.enabled:
             self.render_pool = RenderPool(renderer_factory(settings.avatar))
             self.on_session_created.append(self._attach_avatar)
-        self.on_session_created: list[SessionHook] = []
-        self.on_session_closed: list[SessionHook] = []
 
     # ---- loading -----------------------------------------------------------------------------
 
