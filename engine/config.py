@@ -45,7 +45,7 @@ class PersonaConfig(BaseModel):
         "Answer in one or two short, friendly spoken sentences.",
         description="used when the persona bank is disabled",
     )
-    token_budget: int = Field(1024, ge=256, le=131072, description="largest prompt, in tokens")
+    token_budget: int = Field(1536, ge=256, le=131072, description="largest prompt, in tokens")
     memories_per_turn: int = Field(5, ge=0, le=20, description="retrieved memories put in each prompt")
 
 

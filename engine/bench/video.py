@@ -19,6 +19,7 @@ from av import VideoFrame
 from engine.bench.stats import summarize
 from engine.clock import Clock
 
+
 def _luma(rgb: np.ndarray) -> np.ndarray:
     return rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from engine.avatar.params import EXPRESSIONS, GESTURES
-from engine.events import ExpressionCommand, GestureCommand
+from engine.events import ExpressionCommand, GestureCommand, SpeechAudio
 from engine.server.engine import Engine
 from engine.server.webrtc import PeerManager
 from engine.session.bus import Listener
@@ -22,6 +23,27 @@ from engine.surfaces.whip import WHIPServer
 from engine.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
+
+
+def _announce_captions(session: Session) -> Callable[[SpeechAudio, float], None]:
+    """Publish each chunk's words as soon as its start time is known (before it plays), so overlays can
+    time their highlights ahead instead of reacting to the ``caption`` event sent at playback."""
+
+    def scheduled(audio: SpeechAudio, start: float) -> None:
+        words = [{"w": w.word, "start": start + w.start_s, "end": start + w.end_s} for w in audio.words]
+        session.bus.publish(
+            {
+                "type": "caption_scheduled",
+                "turn_id": audio.turn_id,
+                "index": audio.index,
+                "text": audio.text,
+                "t": start,
+                "duration": audio.duration_s,
+                "words": words,
+            }
+        )
+
+    return scheduled
 
 
 class Surfaces:
@@ -62,6 +84,7 @@ class Surfaces:
     async def _created(self, session: Session) -> None:
         await self.media.on_session_created(session)
         self.chats[session.id] = ChatQueue(session, self.engine.settings.surfaces.chat)
+        session.playout.on_scheduled.append(_announce_captions(session))
         self.order.append(session.id)
         if self.mqtt is not None:
             mqtt, sid = self.mqtt, session.id
