@@ -32,6 +32,7 @@ def attach_avatar(session: Session, pool: RenderPool, seed: int | None = None) -
     video = SessionVideo(pool, animator, config, compensation)
     track = IdolVideoTrack(session.clock, video)
     session.video_track = track
+    session.video_source = video
 
     def on_scheduled(speech: SpeechAudio, start_t: float) -> None:
         animator.schedule_audio(start_t, speech)

@@ -190,7 +190,7 @@ class SessionVideo:
         def finish(rgba: np.ndarray, region: Region) -> VideoFrame:
             compositor = self._compositor_for(rgba.shape[1], rgba.shape[0])
             rgb = compositor.compose(rgba, region)
-            # from_ndarray copies the buffer; aiortc converts to yuv420p in its encoder thread.
-            return VideoFrame.from_ndarray(rgb, format="rgb24")
+            # Converted here, once, in the render thread (not once per encoder); this copies the buffer.
+            return VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
 
         return await self.pool.render(self.profile, params, finish)

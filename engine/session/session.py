@@ -21,7 +21,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamTrack
@@ -53,6 +53,10 @@ PREROLL_S = 0.3
 
 class SessionClosed(Exception):
     pass
+
+
+class VideoSource(Protocol):
+    def set_profile(self, profile: str) -> None: ...
 
 
 class Session:
@@ -92,6 +96,7 @@ class Session:
         # (cut time on the clock, turn id): the avatar closes the mouth at the same instant the audio stops
         self.interrupt_listeners: list[Callable[[float, int | None], None]] = []
         self.video_track: MediaStreamTrack | None = None
+        self.video_source: VideoSource | None = None  # set by the avatar when the session has a face
         self.playout.on_chunk_started.append(self._chunk_started)
         self.playout.on_chunk_finished.append(self._chunk_finished)
         self._owner.spawn(self._conversation(), "conversation")
@@ -137,6 +142,21 @@ class Session:
         self.bus.publish({"type": "interrupted", "t": t, "reason": reason})
         await cancel_and_wait(task)
         return True
+
+    def set_output_profile(self, name: str) -> None:
+        """Switch the video size live: no model reload, no renegotiation (the encoder follows the size)."""
+        if self.video_source is None:
+            raise ValueError("this session has no video")
+        self.video_source.set_profile(name)
+
+    async def set_persona(self, name: str) -> None:
+        """Switch who she is, live (needs a prompt provider that supports it: the persona bank)."""
+        switch = getattr(self.prompt, "switch_persona", None)
+        if switch is None:
+            raise ValueError("persona switching needs the persona memory bank (persona.enabled)")
+        result = switch(name)
+        if asyncio.iscoroutine(result):
+            await result
 
     def command(self, cmd: ExpressionCommand | GestureCommand) -> None:
         for listener in self.command_listeners:

@@ -20,6 +20,7 @@ import logging
 from collections import deque
 
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, VideoFrame
 from av.frame import Frame
 from av.packet import Packet
 
@@ -30,6 +31,22 @@ log = logging.getLogger(__name__)
 Media = Frame | Packet
 
 IDLE_PRIMARY_S = 0.25  # the primary consumer counts as gone after this long without a recv
+
+
+def copy_frame(frame: Media) -> Media:
+    """An independent copy: each consumer's encoder converts and encodes its frame in its own thread,
+    and two threads working on one PyAV frame crashed the process (seen here with two VP8 encoders)."""
+    copy: Media
+    if isinstance(frame, VideoFrame):
+        copy = VideoFrame.from_ndarray(frame.to_ndarray(), format=frame.format.name)
+    elif isinstance(frame, AudioFrame):
+        copy = AudioFrame.from_ndarray(frame.to_ndarray(), format=frame.format.name, layout=frame.layout.name)
+        copy.sample_rate = frame.sample_rate
+    else:
+        return frame
+    copy.pts = frame.pts
+    copy.time_base = frame.time_base
+    return copy
 
 
 class TeeTrack(MediaStreamTrack):
@@ -58,7 +75,7 @@ class TeeTrack(MediaStreamTrack):
                 self._end()
                 raise
         for tap in list(self._taps):
-            tap.push(frame)
+            tap.push(copy_frame(frame))
         return frame
 
     def primary_idle(self) -> bool:

@@ -101,10 +101,10 @@ async def profile(request: web.Request) -> web.Response:
     name = require_str(await read_json(request), "name", 32)
     if name not in PROFILES:
         raise APIError(400, f"unknown output profile '{name}' (one of {', '.join(PROFILES)})")
-    setter = getattr(session, "set_output_profile", None)
-    if setter is None:
-        raise APIError(501, "switching the output profile live is not supported by this engine build")
-    await _maybe_await(setter(name))
+    try:
+        session.set_output_profile(name)
+    except ValueError as e:
+        raise APIError(409, str(e)) from None
     session.bus.publish({"type": "profile", "name": name, "t": session.clock.now()})
     return web.json_response({"profile": name})
 
@@ -112,21 +112,12 @@ async def profile(request: web.Request) -> web.Response:
 async def persona(request: web.Request) -> web.Response:
     session = _session(request)
     name = require_str(await read_json(request), "name", 64)
-    setter = getattr(session, "set_persona", None)
-    if setter is None:
-        raise APIError(501, "switching the persona live is not supported by this engine build")
     try:
-        await _maybe_await(setter(name))
+        await session.set_persona(name)
     except (KeyError, ValueError) as e:
-        raise APIError(400, f"unknown persona '{name}': {e}") from None
+        raise APIError(400, f"cannot switch to persona '{name}': {e}") from None
     session.bus.publish({"type": "persona", "name": name, "t": session.clock.now()})
     return web.json_response({"persona": name})
-
-
-async def _maybe_await(value: Any) -> Any:
-    if hasattr(value, "__await__"):
-        return await value
-    return value
 
 
 # ---- WHIP / WHEP ---------------------------------------------------------------------------------
