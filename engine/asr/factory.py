@@ -15,4 +15,9 @@ def load_asr(config: ASRConfig | None = None, progress: Progress = silent_progre
 
         with timed(progress, "asr", f"faster-whisper {config.model}"):
             return FasterWhisperASR.load(config)
+    if config.backend == "transformers":
+        from engine.asr.torch_whisper import TorchWhisperASR
+
+        with timed(progress, "asr", f"transformers whisper {config.model}"):
+            return TorchWhisperASR.load(config)
     raise ValueError(f"asr.backend: unknown backend {config.backend!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ class ReplyContext:
     publish: Publish
     cache_key: str
     on_command: Callable[[ExpressionCommand | GestureCommand], None]
+    background: Callable[[Coroutine[Any, Any, Any], str], object]  # an owned task outliving the reply
 
 
 async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> int:
@@ -110,8 +111,13 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
-                await aclose()
-            await chunks.put(None)
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    # Barge-in: do not hold the next turn while the model finishes its current step.
+                    ctx.background(aclose(), f"reply{turn.turn_id}:llm-close")
+                else:
+                    await aclose()
+        await chunks.put(None)
 
     queued = 0
 

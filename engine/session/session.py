@@ -206,6 +206,7 @@ class Session:
             publish=self.bus.publish,
             cache_key=self.id,
             on_command=self.command,
+            background=self._owner.spawn,
         )
 
     async def _conversation(self) -> None:
