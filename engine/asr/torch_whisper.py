@@ -1,0 +1,338 @@
+"""Streaming speech recognition on a transformers ``WhisperForConditionalGeneration`` (``asr.backend =
+"transformers"``), decoded through :class:`~engine.asr.cuda_whisper_graph.WhisperGraphDecoder`.
+
+On CUDA the model runs in float16 and each decode step is one CUDA-graph replay; on the CPU the same code runs
+eagerly (float32). ``asr.model`` must name a local Hugging Face Whisper folder (``config.json``, weights,
+tokenizer and preprocessor files); nothing is downloaded.
+
+The stream semantics follow ``faster_whisper.py``: ``partial`` re-decodes the growing utterance and commits a
+stable prefix by LocalAgreement-2; ``speculate`` decodes everything when the host pauses; ``final`` reuses that
+decode when no audio came in since. (That module imports CTranslate2, which the GPU image lacks, so the stream
+is kept here rather than imported.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.asr.agreement import agree, hypothesis_text
+from engine.asr.base import Transcript
+from engine.asr.config import ASRConfig
+from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+MAX_WINDOW_S = 30.0
+WINDOW_STEP_S = 5.0  # windows are rounded up to this (one CUDA graph per window length)
+MAX_NEW_TOKENS = 224
+MAX_UTTERANCE_S = 120.0
+FRAME_S = 0.02
+SILENCE_RMS = 0.003
+RELATIVE_RMS = 0.03
+PAD_S = 0.25
+MIN_LOUD_S = 0.08
+NO_SPEECH_DROP = 0.6
+EMPTY = Transcript(text="", stable_text="", audio_s=0.0)
+_ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
+
+
+@dataclass(frozen=True, slots=True)
+class TorchDecode:
+    """The outcome of one decode (``text`` is empty for silence or a dropped no-speech decode)."""
+
+    text: str
+    audio_s: float
+    no_speech_prob: float = 1.0
+    encode_ms: float = 0.0
+    generate_ms: float = 0.0
+    window_s: float = 0.0
+    tokens: int = 0
+
+
+def loud_bounds(audio: np.ndarray) -> tuple[int, int] | None:
+    """(first, end) sample of the non-silent part; None if all silent (as in ``whisper_decoder``)."""
+    hop = int(FRAME_S * SAMPLE_RATE)
+    n = len(audio) // hop
+    if n == 0:
+        return None
+    frames = audio[: n * hop].reshape(n, hop).astype(np.float32)
+    rms = np.sqrt(np.mean(frames * frames, axis=1))
+    floor = max(SILENCE_RMS, float(rms.max()) * RELATIVE_RMS)
+    loud = np.flatnonzero(rms > floor)
+    if len(loud) == 0 or len(loud) * FRAME_S < MIN_LOUD_S:
+        return None
+    return int(loud[0]) * hop, (int(loud[-1]) + 1) * hop
+
+
+def window_frames(audio_s: float, window_s: float) -> int:
+    """Mel frames of the encoder window: at least ``window_s`` and the audio, rounded up to 5 s, at most 30 s."""
+    want = min(MAX_WINDOW_S, max(window_s, audio_s))
+    want = min(MAX_WINDOW_S, WINDOW_STEP_S * float(np.ceil(want / WINDOW_STEP_S - 1e-9)))
+    return int(round(want * FRAMES_PER_S))
+
+
+class TorchWhisperDecoder:
+    """Model + feature extractor + tokenizer; :meth:`decode` is blocking and serialised by a lock."""
+
+    def __init__(
+        self, model: Any, feature_extractor: Any, tokenizer: Any, window_s: float = 10.0, max_len: int = 448
+    ) -> None:
+        self.model = model
+        self.feature_extractor = feature_extractor
+        self.tokenizer = tokenizer
+        self.window_s = window_s
+        self.graph = WhisperGraphDecoder(model, max_len=max_len)
+        self.prompt = prompt_ids_for(model)
+        gen: Any = getattr(model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        self.eos: int | None = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
+        self.begin_suppress: list[int] = list(getattr(gen, "begin_suppress_tokens", None) or [])
+        self.graph.set_suppressed(list(getattr(gen, "suppress_tokens", None) or []))
+        no_speech = None
+        for name in ("<|nospeech|>", "<|nocaptions|>"):
+            tid = tokenizer.convert_tokens_to_ids(name) if tokenizer is not None else None
+            if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
+                no_speech = tid
+                break
+        self.no_speech_id: int | None = no_speech
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, config: ASRConfig) -> TorchWhisperDecoder:
+        from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+        path = Path(config.model).expanduser()
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"asr.model: {config.model!r} is not a local Hugging Face Whisper folder (no config.json)"
+            )
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        model: Any = WhisperForConditionalGeneration.from_pretrained(
+            str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+        model = model.to(device).eval()
+        fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
+        tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
+        return cls(model, fe, tok, window_s=config.window_s)
+
+    @property
+    def device(self) -> str:
+        return str(self.graph.device)
+
+    def features(self, audio: np.ndarray, frames: int) -> torch.Tensor:
+        """Log-mel ``[1, mels, frames]`` (the extractor pads to 30 s; the window keeps its first frames)."""
+        out = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt")
+        mel: torch.Tensor = out["input_features"][:, :, :N_FRAMES]
+        return mel[:, :, :frames]
+
+    def decode(self, audio: np.ndarray, trim: bool = True) -> TorchDecode:
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        audio_s = len(audio) / SAMPLE_RATE
+        if trim:
+            bounds = loud_bounds(audio)
+            if bounds is None:
+                return TorchDecode(text="", audio_s=audio_s)
+            pad = int(PAD_S * SAMPLE_RATE)
+            audio = audio[max(0, bounds[0] - pad) : bounds[1] + pad]
+        piece = int(MAX_WINDOW_S * SAMPLE_RATE)
+        parts = [self._decode_piece(audio[i : i + piece]) for i in range(0, len(audio), piece)]
+        text = " ".join(p.text for p in parts if p.text)
+        return TorchDecode(
+            text=text,
+            audio_s=audio_s,
+            no_speech_prob=min(p.no_speech_prob for p in parts),
+            encode_ms=sum(p.encode_ms for p in parts),
+            generate_ms=sum(p.generate_ms for p in parts),
+            window_s=parts[0].window_s,
+            tokens=sum(p.tokens for p in parts),
+        )
+
+    def _decode_piece(self, audio: np.ndarray) -> TorchDecode:
+        audio_s = len(audio) / SAMPLE_RATE
+        frames = window_frames(audio_s, self.window_s)
+        mel = self.features(audio, frames)
+        max_new = min(MAX_NEW_TOKENS, int(audio_s * 6) + 8, self.graph.max_len - len(self.prompt) + 1)
+        g = self.graph
+        with self._lock, torch.no_grad():
+            t0 = time.perf_counter()
+            g.set_encoder(g.encode(mel))
+            if g.device.type == "cuda":
+                torch.cuda.synchronize(g.device)
+            t1 = time.perf_counter()
+            no_speech = 0.0
+            if self.no_speech_id is not None:  # the no-speech probability after <|startoftranscript|>
+                logits = g.step(self.prompt[0])
+                no_speech = float(torch.softmax(logits[0].float(), -1)[self.no_speech_id])
+            ids = g.greedy(self.prompt, max_new, eos=self.eos, begin_suppress=self.begin_suppress)
+            tokens = [t for t in ids[0].tolist() if t != self.eos]
+            t2 = time.perf_counter()
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip() if self.tokenizer else ""
+        text = " ".join(_ANNOTATION.sub(" ", text).split())
+        if no_speech > NO_SPEECH_DROP:
+            text = ""
+        return TorchDecode(
+            text=text,
+            audio_s=audio_s,
+            no_speech_prob=no_speech,
+            encode_ms=(t1 - t0) * 1000,
+            generate_ms=(t2 - t1) * 1000,
+            window_s=frames / FRAMES_PER_S,
+            tokens=len(tokens),
+        )
+
+
+class TorchWhisperASR:
+    """The loaded model, shared by every session (implements ``ASRModel``)."""
+
+    def __init__(self, decoder: TorchWhisperDecoder, name: str = "whisper") -> None:
+        self.decoder = decoder
+        self.name = name
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+
+    @classmethod
+    def load(cls, config: ASRConfig) -> TorchWhisperASR:
+        return cls(TorchWhisperDecoder.load(config), name=Path(config.model).name)
+
+    def new_stream(self) -> TorchWhisperStream:
+        return TorchWhisperStream(self)
+
+    def describe(self) -> str:
+        d = self.decoder
+        graph = "CUDA graphs" if d.graph.use_graph else "eager"
+        return f"transformers whisper {self.name} ({d.device}, {graph}, {d.window_s:g} s window)"
+
+    async def transcribe(self, audio: np.ndarray) -> TorchDecode:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.decoder.decode, audio)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(slots=True)
+class _Speculation:
+    samples: int
+    generation: int
+    future: asyncio.Future[TorchDecode]
+
+
+def _decode_chunks(decoder: TorchWhisperDecoder, chunks: Sequence[np.ndarray]) -> TorchDecode:
+    audio = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    return decoder.decode(audio)
+
+
+class TorchWhisperStream:
+    """The host's current utterance (implements ``TranscriptStream``), as ``FasterWhisperStream``."""
+
+    def __init__(self, asr: TorchWhisperASR) -> None:
+        self._asr = asr
+        self.decodes = 0
+        self.last_decode: TorchDecode | None = None
+        self._generation = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self._generation += 1
+        self._chunks: list[np.ndarray] = []
+        self._samples = 0
+        self._stable: list[str] = []
+        self._previous: list[str] = []
+        self._last = EMPTY
+        self._last_samples = 0
+        self._in_flight = 0
+        self._speculation: _Speculation | None = None
+
+    @property
+    def audio_s(self) -> float:
+        return self._samples / SAMPLE_RATE
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight > 0
+
+    def append(self, audio: np.ndarray) -> None:
+        if self._samples >= MAX_UTTERANCE_S * SAMPLE_RATE:
+            return
+        piece = np.array(audio, dtype=np.float32).reshape(-1)
+        if len(piece):
+            self._chunks.append(piece)
+            self._samples += len(piece)
+
+    def _submit(self) -> asyncio.Future[TorchDecode]:
+        loop = asyncio.get_running_loop()
+        chunks = tuple(self._chunks)
+        self.decodes += 1
+        self._in_flight += 1
+        future = loop.run_in_executor(self._asr.executor, _decode_chunks, self._asr.decoder, chunks)
+        generation = self._generation
+
+        def done(_: asyncio.Future[TorchDecode]) -> None:
+            if generation == self._generation:
+                self._in_flight -= 1
+
+        future.add_done_callback(done)
+        return future
+
+    async def partial(self) -> Transcript:
+        if self._samples == 0 or self.busy or self._samples == self._last_samples:
+            return self._last
+        samples, generation = self._samples, self._generation
+        decode = await asyncio.shield(self._submit())
+        if generation != self._generation:
+            return self._last
+        words = decode.text.split()
+        self._stable = agree(self._stable, self._previous, words)
+        self._previous = words
+        self.last_decode = decode
+        self._last = Transcript(
+            text=hypothesis_text(self._stable, words),
+            stable_text=" ".join(self._stable),
+            audio_s=samples / SAMPLE_RATE,
+        )
+        self._last_samples = samples
+        return self._last
+
+    async def speculate(self) -> None:
+        if self._samples == 0:
+            return
+        spec = self._speculation
+        if spec is None or spec.samples != self._samples or spec.generation != self._generation:
+            spec = _Speculation(self._samples, self._generation, self._submit())
+            self._speculation = spec
+        try:
+            await asyncio.shield(spec.future)
+        except Exception:
+            log.exception("asr: speculative decode failed")
+
+    async def final(self) -> Transcript:
+        samples, generation = self._samples, self._generation
+        if samples == 0:
+            return EMPTY
+        spec = self._speculation
+        decode: TorchDecode | None = None
+        if spec is not None and spec.samples == samples and spec.generation == generation:
+            try:
+                decode = await asyncio.shield(spec.future)
+            except Exception:
+                log.warning("asr: speculative decode failed; decoding again")
+        if decode is None:
+            decode = await asyncio.shield(self._submit())
+        self.last_decode = decode
+        text = " ".join(decode.text.split())
+        return Transcript(text=text, stable_text=text, audio_s=samples / SAMPLE_RATE)
