@@ -18,7 +18,6 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.asr.agreement import agree, hypothesis_text
-from engine.asr.base import Transcript
 from engine.asr.config import ASRConfig
 from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
+from engine.asr.stream import SpeculativeStream
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +36,12 @@ SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0
 WINDOW_STEP_S = 5.0  # windows are rounded up to this (one CUDA graph per window length)
 MAX_NEW_TOKENS = 224
-MAX_UTTERANCE_S = 120.0
 FRAME_S = 0.02
 SILENCE_RMS = 0.003
 RELATIVE_RMS = 0.03
 PAD_S = 0.25
 MIN_LOUD_S = 0.08
 NO_SPEECH_DROP = 0.6
-EMPTY = Transcript(text="", stable_text="", audio_s=0.0)
 _ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
 
 
@@ -225,114 +221,5 @@ class TorchWhisperASR:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-@dataclass(slots=True)
-class _Speculation:
-    samples: int
-    generation: int
-    future: asyncio.Future[TorchDecode]
-
-
-def _decode_chunks(decoder: TorchWhisperDecoder, chunks: Sequence[np.ndarray]) -> TorchDecode:
-    audio = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-    return decoder.decode(audio)
-
-
-class TorchWhisperStream:
-    """The host's current utterance (implements ``TranscriptStream``), as ``FasterWhisperStream``."""
-
-    def __init__(self, asr: TorchWhisperASR) -> None:
-        self._asr = asr
-        self.decodes = 0
-        self.last_decode: TorchDecode | None = None
-        self._generation = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self._generation += 1
-        self._chunks: list[np.ndarray] = []
-        self._samples = 0
-        self._stable: list[str] = []
-        self._previous: list[str] = []
-        self._last = EMPTY
-        self._last_samples = 0
-        self._in_flight = 0
-        self._speculation: _Speculation | None = None
-
-    @property
-    def audio_s(self) -> float:
-        return self._samples / SAMPLE_RATE
-
-    @property
-    def busy(self) -> bool:
-        return self._in_flight > 0
-
-    def append(self, audio: np.ndarray) -> None:
-        if self._samples >= MAX_UTTERANCE_S * SAMPLE_RATE:
-            return
-        piece = np.array(audio, dtype=np.float32).reshape(-1)
-        if len(piece):
-            self._chunks.append(piece)
-            self._samples += len(piece)
-
-    def _submit(self) -> asyncio.Future[TorchDecode]:
-        loop = asyncio.get_running_loop()
-        chunks = tuple(self._chunks)
-        self.decodes += 1
-        self._in_flight += 1
-        future = loop.run_in_executor(self._asr.executor, _decode_chunks, self._asr.decoder, chunks)
-        generation = self._generation
-
-        def done(_: asyncio.Future[TorchDecode]) -> None:
-            if generation == self._generation:
-                self._in_flight -= 1
-
-        future.add_done_callback(done)
-        return future
-
-    async def partial(self) -> Transcript:
-        if self._samples == 0 or self.busy or self._samples == self._last_samples:
-            return self._last
-        samples, generation = self._samples, self._generation
-        decode = await asyncio.shield(self._submit())
-        if generation != self._generation:
-            return self._last
-        words = decode.text.split()
-        self._stable = agree(self._stable, self._previous, words)
-        self._previous = words
-        self.last_decode = decode
-        self._last = Transcript(
-            text=hypothesis_text(self._stable, words),
-            stable_text=" ".join(self._stable),
-            audio_s=samples / SAMPLE_RATE,
-        )
-        self._last_samples = samples
-        return self._last
-
-    async def speculate(self) -> None:
-        if self._samples == 0:
-            return
-        spec = self._speculation
-        if spec is None or spec.samples != self._samples or spec.generation != self._generation:
-            spec = _Speculation(self._samples, self._generation, self._submit())
-            self._speculation = spec
-        try:
-            await asyncio.shield(spec.future)
-        except Exception:
-            log.exception("asr: speculative decode failed")
-
-    async def final(self) -> Transcript:
-        samples, generation = self._samples, self._generation
-        if samples == 0:
-            return EMPTY
-        spec = self._speculation
-        decode: TorchDecode | None = None
-        if spec is not None and spec.samples == samples and spec.generation == generation:
-            try:
-                decode = await asyncio.shield(spec.future)
-            except Exception:
-                log.warning("asr: speculative decode failed; decoding again")
-        if decode is None:
-            decode = await asyncio.shield(self._submit())
-        self.last_decode = decode
-        text = " ".join(decode.text.split())
-        return Transcript(text=text, stable_text=text, audio_s=samples / SAMPLE_RATE)
+class TorchWhisperStream(SpeculativeStream[TorchDecode]):
+    """The host's current utterance on the graph-captured torch decoder (see :mod:`engine.asr.stream`)."""

@@ -1,0 +1,179 @@
+"""The host's current utterance, decoded by any Whisper decoder: partials, speculation, final.
+
+``partial`` re-decodes the growing buffer and commits a stable prefix by local agreement;
+``speculate`` decodes the whole buffer when the host pauses; ``final`` reuses that speculation
+when no audio arrived since, so no decode is paid after the end-of-turn silence. Decodes run on
+the model's single worker thread, never on the event loop. (No CTranslate2 import here: the torch
+backend shares this stream on machines without it.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+
+from engine.asr.agreement import agree, hypothesis_text
+from engine.asr.base import Transcript
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+MAX_UTTERANCE_S = 120.0  # audio appended beyond this is ignored (a turn this long is a bug upstream)
+EMPTY = Transcript(text="", stable_text="", audio_s=0.0)
+
+
+class DecodeResult(Protocol):
+    @property
+    def text(self) -> str: ...
+
+
+D = TypeVar("D", bound=DecodeResult)
+D_co = TypeVar("D_co", bound=DecodeResult, covariant=True)
+
+
+class Decoder(Protocol[D_co]):
+    def decode(self, audio: np.ndarray) -> D_co: ...
+
+
+class DecodingModel(Protocol[D_co]):
+    """What a stream needs of its model: the decoder and the one worker thread it runs on."""
+
+    @property
+    def decoder(self) -> Decoder[D_co]: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+
+@dataclass(slots=True)
+class _Speculation(Generic[D]):
+    samples: int  # buffer length it decoded
+    generation: int
+    future: asyncio.Future[D]
+
+
+def _decode_chunks(decoder: Decoder[D], chunks: Sequence[np.ndarray]) -> D:
+    audio = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    return decoder.decode(audio)
+
+
+class SpeculativeStream(Generic[D]):
+    """The host's current utterance (implements ``TranscriptStream``).
+
+    ``decodes`` counts the model decodes this stream has started (an observable
+    for tests and metrics). ``partial`` returns the last result instead of
+    decoding while another decode of this stream is in flight.
+    """
+
+    def __init__(self, asr: DecodingModel[D]) -> None:
+        self._asr = asr
+        self.decodes = 0
+        self.last_decode: D | None = None
+        self._generation = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new utterance; decodes still in flight for the old one are ignored."""
+        self._generation += 1
+        self._chunks: list[np.ndarray] = []
+        self._samples = 0
+        self._stable: list[str] = []
+        self._previous: list[str] = []
+        self._last = EMPTY
+        self._last_samples = 0
+        self._in_flight = 0
+        self._speculation: _Speculation[D] | None = None
+        self._warned_long = False
+
+    @property
+    def audio_s(self) -> float:
+        return self._samples / SAMPLE_RATE
+
+    @property
+    def busy(self) -> bool:
+        """A decode of this utterance is in flight."""
+        return self._in_flight > 0
+
+    def append(self, audio: np.ndarray) -> None:
+        """Add 16 kHz mono float32 audio (copied; cheap enough for the event loop)."""
+        if self._samples >= MAX_UTTERANCE_S * SAMPLE_RATE:
+            if not self._warned_long:
+                log.warning("asr: utterance longer than %.0f s; ignoring further audio", MAX_UTTERANCE_S)
+                self._warned_long = True
+            return
+        piece = np.array(audio, dtype=np.float32).reshape(-1)
+        if len(piece):
+            self._chunks.append(piece)
+            self._samples += len(piece)
+
+    def _submit(self) -> asyncio.Future[D]:
+        loop = asyncio.get_running_loop()
+        chunks = tuple(self._chunks)
+        self.decodes += 1
+        self._in_flight += 1
+        future = loop.run_in_executor(self._asr.executor, _decode_chunks, self._asr.decoder, chunks)
+        generation = self._generation
+
+        def done(_: asyncio.Future[D]) -> None:
+            if generation == self._generation:
+                self._in_flight -= 1
+
+        future.add_done_callback(done)
+        return future
+
+    async def partial(self) -> Transcript:
+        """Decode the growing buffer and extend the stable prefix (skipped while busy)."""
+        if self._samples == 0 or self.busy or self._samples == self._last_samples:
+            return self._last
+        samples, generation = self._samples, self._generation
+        decode = await asyncio.shield(self._submit())
+        if generation != self._generation:
+            return self._last
+        words = decode.text.split()
+        self._stable = agree(self._stable, self._previous, words)
+        self._previous = words
+        self.last_decode = decode
+        self._last = Transcript(
+            text=hypothesis_text(self._stable, words),
+            stable_text=" ".join(self._stable),
+            audio_s=samples / SAMPLE_RATE,
+        )
+        self._last_samples = samples
+        return self._last
+
+    async def speculate(self) -> None:
+        """The host paused: decode the whole buffer now so ``final`` can reuse it."""
+        if self._samples == 0:
+            return
+        spec = self._speculation
+        if spec is None or spec.samples != self._samples or spec.generation != self._generation:
+            spec = _Speculation(self._samples, self._generation, self._submit())
+            self._speculation = spec
+        try:
+            await asyncio.shield(spec.future)
+        except Exception:
+            log.exception("asr: speculative decode failed")
+
+    async def final(self) -> Transcript:
+        """The end of the turn: reuse the speculative decode if no audio arrived since."""
+        samples, generation = self._samples, self._generation
+        if samples == 0:
+            return EMPTY
+        spec = self._speculation
+        decode: D | None = None
+        if spec is not None and spec.samples == samples and spec.generation == generation:
+            try:
+                decode = await asyncio.shield(spec.future)
+            except Exception:
+                log.warning("asr: speculative decode failed; decoding again")
+        if decode is None:
+            decode = await asyncio.shield(self._submit())
+        self.last_decode = decode
+        text = " ".join(decode.text.split())
+        return Transcript(text=text, stable_text=text, audio_s=samples / SAMPLE_RATE)
