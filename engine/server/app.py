@@ -20,6 +20,7 @@ from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.routes import register_surfaces
+from persona.http import register_routes as register_persona_routes
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> web.Applicat
     app.router.add_delete("/api/sessions/{sid}", close)
     app.router.add_get("/metrics", metrics)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
+    register_persona_routes(app, lambda: engine.persona)
     register_surfaces(app, engine, app[PEERS_KEY])
 
     async def on_startup(app: web.Application) -> None:

@@ -45,6 +45,16 @@ class LoadStatus:
         }
 
 
+def open_persona(settings: Settings, models: EngineModels) -> Any:
+    """The persona prompt provider over the memory bank (blocking: loads the card, embeddings, index)."""
+    from persona.prompt import PersonaPromptProvider
+    from persona.tokens import counter_from_tokenizer
+
+    tokenizer = getattr(models.llm, "tokenizer", None)
+    counter = counter_from_tokenizer(tokenizer) if tokenizer is not None else None
+    return PersonaPromptProvider.from_config(settings.persona, token_counter=counter)
+
+
 class EngineBusy(Exception):
     pass
 
@@ -67,6 +77,8 @@ class Engine:
         if models is not None:
             self._ready.set()
         self.prompt_factory: PromptFactory | None = None
+        # One idol, one memory: every session talks to the same persona and memory bank.
+        self.persona: Any = None
         self.on_session_created: list[SessionHook] = []
         self.on_session_closed: list[SessionHook] = []
         self.render_pool: RenderPool | None = None
@@ -97,6 +109,9 @@ class Engine:
             if self.render_pool is not None:
                 self._progress("avatar", f"preparing the character at {self.settings.avatar.profile}")
                 await self.render_pool.prepare(self.settings.avatar.profile)
+            if self.settings.persona.enabled:
+                self._progress("persona", "opening the persona memory bank")
+                await self.load_persona()
         except Exception as e:
             log.exception("loading models failed")
             self.status.state, self.status.error = "failed", f"{type(e).__name__}: {e}"
@@ -135,6 +150,13 @@ class Engine:
         await session.close()
         return True
 
+    async def load_persona(self) -> None:
+        """Open the persona memory bank; every session created afterwards talks through it."""
+        assert self.models is not None
+        self.persona = await asyncio.to_thread(open_persona, self.settings, self.models)
+        persona = self.persona
+        self.prompt_factory = lambda sid: persona
+
     async def _attach_avatar(self, session: Session) -> None:
         assert self.render_pool is not None
         attach_avatar(session, self.render_pool)
@@ -145,3 +167,5 @@ class Engine:
         await self._owner.cancel_all()
         if self.render_pool is not None:
             self.render_pool.close()
+        if self.persona is not None:
+            await self.persona.close()

@@ -30,7 +30,11 @@ async def test_console_question_reply_captions_latency_and_overlay(
     launch: Any, surface_models: EngineModels, tmp_path: Path
 ) -> None:
     settings = base_settings()
+    settings.avatar.enabled = True
+    settings.avatar.profile = "360p"
     async with live_server(settings, surface_models) as server:
+        assert server.engine.render_pool is not None
+        await server.engine.render_pool.prepare("360p")
         browser = await launch(wav=question_wav(tmp_path))
         page = await browser.new_page()
         errors: list[str] = []
@@ -65,10 +69,9 @@ async def test_console_question_reply_captions_latency_and_overlay(
             " return !!s && s.getAudioTracks().some(t => t.readyState === 'live'); })()"
         )
         assert audio_live
-        if server.surfaces.media.has_video(server.engine.sessions[session]):
-            await page.wait_for_function(
-                "document.getElementById('idol-video').videoWidth > 0", timeout=10_000
-            )
+        await page.wait_for_function(
+            "document.getElementById('idol-video').videoWidth === 640", timeout=10_000
+        )
 
         # overlay: the caption words lit up one by one, in time with their word times
         highlights = await overlay.evaluate("window.idolOverlay.highlights")
@@ -91,10 +94,16 @@ async def test_console_question_reply_captions_latency_and_overlay(
                 assert r.status == 202, await r.text()
         await overlay.wait_for_selector(".chat .msg.member >> text=hello from the chat", timeout=5_000)
 
-        # controls: an unsupported one shows a clear, clearable error
-        await page.select_option("#profile", "360p")
+        # controls: the output profile switches live (no renegotiation: the same track changes size)
+        await page.select_option("#profile", "square")
+        await page.wait_for_function(
+            "document.getElementById('idol-video').videoWidth === 720", timeout=15_000
+        )
+        # a control the engine cannot honour shows a clear, clearable error
+        await page.fill("#persona", "nobody")
+        await page.click("#persona-set")
         await page.wait_for_selector("#error:not([hidden])")
-        assert "not supported" in (await page.text_content("#error-text") or "")
+        assert "persona" in (await page.text_content("#error-text") or "")
         await page.click("#error-clear")
         assert await page.is_hidden("#error")
         await page.click("#disconnect")
