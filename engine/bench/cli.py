@@ -122,7 +122,7 @@ def engine_process(args: argparse.Namespace) -> Iterator[str]:
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port)]
     if getattr(args, "config", None):
         cmd += ["--config", args.config]
-    proc = subprocess.Popen(cmd, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)  # keep our stdout for the report
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

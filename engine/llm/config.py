@@ -20,7 +20,15 @@ class LLMConfig(BaseModel):
     top_p: float = Field(0.9, gt=0.0, le=1.0)
     repetition_penalty: float = Field(1.3, ge=1.0, le=3.0)
     no_repeat_ngram_size: int = Field(3, ge=0, le=10)
-    threads: int = Field(0, ge=0, description="torch threads for CPU inference; 0 = all cores")
+    threads: int = Field(
+        0,
+        ge=0,
+        description="torch threads for CPU inference; 0 = auto (1 on a 2-core machine, half the cores above)",
+    )
+    quantize: Literal["auto", "none", "int8"] = Field(
+        "auto",
+        description="int8 dynamic quantization of the decoder layers (auto: on CPU only)",
+    )
     # OpenAI-compatible backend
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint")
     api_key: str = Field("", description="bearer token for the endpoint (or IDOLCAST_LLM__API_KEY)")

@@ -68,10 +68,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
     chunks: asyncio.Queue[ReplyChunk | None] = asyncio.Queue(maxsize=8)
 
     async def write() -> None:
-        chunker = ReplyChunker(
-            first_chunk_min_words=ctx.tts_config.first_chunk_min_words,
-            max_chunk_words=ctx.tts_config.max_chunk_words,
-        )
+        chunker = ReplyChunker.from_config(ctx.tts_config)
         index = 0
 
         async def emit(text: str, expressions: tuple[str, ...], gestures: tuple[str, ...]) -> None:

@@ -118,14 +118,17 @@ def _dedupe(names: list[str]) -> tuple[str, ...]:
 class ReplyChunker:
     """Feed streamed reply pieces; get :class:`TextChunk` s as soon as their boundary is certain."""
 
-    def __init__(self, first_chunk_min_words: int = 2, max_chunk_words: int = 40) -> None:
+    def __init__(
+        self, first_chunk_min_words: int = 2, max_chunk_words: int = 40, first_chunk_max_words: int = 40
+    ) -> None:
         self.first_chunk_min_words = first_chunk_min_words
         self.max_chunk_words = max_chunk_words
+        self.first_chunk_max_words = min(first_chunk_max_words, max_chunk_words)
         self.reset()
 
     @classmethod
     def from_config(cls, config: TTSConfig) -> ReplyChunker:
-        return cls(config.first_chunk_min_words, config.max_chunk_words)
+        return cls(config.first_chunk_min_words, config.max_chunk_words, config.first_chunk_max_words)
 
     def reset(self) -> None:
         """Forget everything (a new reply, or an interruption)."""
@@ -217,7 +220,7 @@ class ReplyChunker:
                 if (c in DASHES or buf[i + 1].isspace()) and ok(i + 1):
                     return i + 1
             i += 1
-        return self._cut_long(buf)
+        return self._cut_long(buf, self.first_chunk_max_words if first else self.max_chunk_words)
 
     @staticmethod
     def _terminator_kind(buf: str, i: int, j: int, run: str) -> str | None:
@@ -236,14 +239,15 @@ class ReplyChunker:
                 return "none"
         return "sentence"
 
-    def _cut_long(self, buf: str) -> int | None:
-        """A cut after ``max_chunk_words`` complete words (at the last clause boundary within them)."""
+    @staticmethod
+    def _cut_long(buf: str, max_words: int) -> int | None:
+        """A cut after ``max_words`` complete words (at the last clause boundary within them)."""
         words = list(_WORD.finditer(buf))
         complete = [m for m in words if m.end() < len(buf) and buf[m.end()].isspace()]
-        if len(complete) <= self.max_chunk_words:
+        if len(complete) <= max_words:
             return None
-        limit = complete[self.max_chunk_words - 1].end()
-        for m in reversed(complete[: self.max_chunk_words - 1]):
+        limit = complete[max_words - 1].end()
+        for m in reversed(complete[: max_words - 1]):
             end = m.end()
             if buf[end - 1] in CLAUSE_END + DASHES:
                 return end

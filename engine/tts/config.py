@@ -12,3 +12,12 @@ class TTSConfig(BaseModel):
     speaker_id: int | None = None
     first_chunk_min_words: int = Field(default=2, ge=1, le=20)
     max_chunk_words: int = Field(default=40, ge=5, le=200)
+    first_chunk_max_words: int = Field(
+        default=6,
+        ge=2,
+        le=200,
+        description="the first chunk is cut after this many words even without punctuation (fast first audio)",
+    )
+    threads: int = Field(
+        default=1, ge=0, le=64, description="ONNX Runtime threads for the voice (0 = all cores)"
+    )

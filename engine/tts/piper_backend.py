@@ -178,6 +178,23 @@ class PiperTTS:
         return words, phonemes
 
 
+def _session_with_threads(model: Path, threads: int) -> Any:
+    """The voice's ONNX session (patched for alignments, as Piper does) with a bounded thread pool:
+    on a small machine the voice must not fight the LLM and the renderer for every core."""
+    import onnx
+    import onnxruntime
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    graph = onnx.load(str(model))
+    add_alignment_output(graph)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(
+        graph.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
 def load_tts(config: TTSConfig, progress: Progress) -> TTS:
     """Load the configured voice once (and warm it up) and return it behind the :class:`TTS` seam."""
     return load_piper(config, progress)
@@ -191,6 +208,8 @@ def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
         from piper import PiperVoice
 
         voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
+        if config.threads > 0:
+            voice.session = _session_with_threads(model, config.threads)
         speakers = int(voice.config.num_speakers)
         if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
             raise ConfigError(
