@@ -47,6 +47,10 @@ class PersonaConfig(BaseModel):
     )
     token_budget: int = Field(1536, ge=256, le=131072, description="largest prompt, in tokens")
     memories_per_turn: int = Field(5, ge=0, le=20, description="retrieved memories put in each prompt")
+    prompt_style: Literal["full", "compact"] = Field(
+        "compact",
+        description="'compact' persona prompt for small models (the bundled 135M one); 'full' for bigger models",
+    )
 
 
 class MQTTConfig(BaseModel):

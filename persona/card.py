@@ -112,8 +112,19 @@ class PersonaCard(_Strict):
     def all_names(self) -> list[str]:
         return [self.name, *self.aliases]
 
-    def system_prompt(self) -> str:
-        """The stable persona prefix: depends on the card only, so the LLM can keep it in its KV cache."""
+    def system_prompt(self, style: str = "full") -> str:
+        """The stable persona prefix: depends on the card only, so the LLM can keep it in its KV cache.
+
+        ``compact`` is for small models (the bundled 135M one loses the thread in the full card and
+        starts answering about the card instead of the question): who she is, how she speaks, a few
+        likes. Taboos and identity are still enforced by the consistency guard on every reply.
+        """
+        if style == "compact":
+            likes = f" You love {', '.join(self.likes[:3])}." if self.likes else ""
+            return (
+                f"You are {self.name}, {self.self_description}. Answer the host in one or two short, "
+                f"friendly spoken sentences.{likes}"
+            )
         lines = [f"You are {self.name} ({self.pronouns}), {self.self_description}."]
         if self.background:
             lines.append(f"Background: {self.background.strip()}")

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ProviderSettings:
     token_budget: int = 1536
+    prompt_style: str = "full"  # "compact" for small models (see PersonaCard.system_prompt)
     memories_per_turn: int = 5
     memory_share: float = 0.12  # of the budget, for retrieved notes
     summary_share: float = 0.10  # for episodic summaries in the system message
@@ -96,13 +97,17 @@ class PersonaPromptProvider:
 
         card = load_card(cfg.card)
         bank = MemoryBank.open(cfg.memory_db, embedder or MiniLMEmbedder(), card.id)
-        settings = ProviderSettings(token_budget=cfg.token_budget, memories_per_turn=cfg.memories_per_turn)
+        settings = ProviderSettings(
+            token_budget=cfg.token_budget,
+            memories_per_turn=cfg.memories_per_turn,
+            prompt_style=getattr(cfg, "prompt_style", "full"),
+        )
         return cls(card, bank, token_counter=token_counter, settings=settings, **kw)
 
     def _set_card(self, card: PersonaCard) -> None:
         s = self.settings
         self.card = card
-        self.prefix = card.system_prompt()
+        self.prefix = card.system_prompt(s.prompt_style)
         self._guard = ConsistencyGuard(card)
         self.history: deque[Exchange] = deque(maxlen=s.max_history)
         self.summaries: deque[str] = deque(maxlen=s.max_summaries)

@@ -98,13 +98,16 @@ _PATTERN = (
     r"|(?P<tag>\[(?P<tname>[^\[\]\n]{0,%d})\])"
     r"|(?P<marks>\*\*|__|~~|`+)"
     r"|(?P<action>\*(?P<aname>[^*\n]{1,%d})\*)"
+    r"|(?P<paren>\((?P<pname>[^()\n]{1,%d})\))"
     r"|(?P<url>(?:https?://|www\.)[^\s<>\[\]()\"']+)"
     r"|(?P<emoji>[%s]+)"
     r"|(?P<stray>[\[\]*])"
 )
 # a bullet or heading mark counts only at the start of a line (``\A``: the segment starts one)
-_TOKEN_LINE_START = re.compile(_PATTERN % (r"(?:\A|(?<=\n))", _MAX_LINK_TEXT, _MAX_TAG, _MAX_TAG, _EMOJI))
-_TOKEN_MID_LINE = re.compile(_PATTERN % (r"(?<=\n)", _MAX_LINK_TEXT, _MAX_TAG, _MAX_TAG, _EMOJI))
+_TOKEN_LINE_START = re.compile(
+    _PATTERN % (r"(?:\A|(?<=\n))", _MAX_LINK_TEXT, _MAX_TAG, _MAX_TAG, _MAX_TAG, _EMOJI)
+)
+_TOKEN_MID_LINE = re.compile(_PATTERN % (r"(?<=\n)", _MAX_LINK_TEXT, _MAX_TAG, _MAX_TAG, _MAX_TAG, _EMOJI))
 _TRAILING_URL_PUNCT = ".,;:!?"
 
 
@@ -165,6 +168,9 @@ def scan(text: str, at_line_start: bool = True) -> list[Piece]:
         elif kind == "action":
             tag = _action(m["aname"])
             out.append(tag if tag is not None else m["aname"])
+        elif kind == "paren":  # "(smiling)" is a stage direction; "(or so)" is spoken
+            tag = _action(m["pname"])
+            out.append(tag if tag is not None else m["paren"])
         elif kind == "url":
             url = m["url"]
             stripped = url.rstrip(_TRAILING_URL_PUNCT)
@@ -220,6 +226,12 @@ def _hold_from(buf: str, at_line_start: bool) -> int:
         tail = buf[start:]
         if len(tail) <= _MAX_TAG + 1 and "\n" not in tail:
             hold = min(hold, start)
+    # an unclosed "(": maybe a stage direction such as "(smiling)" in progress
+    open_paren = buf.rfind("(")
+    if open_paren >= 0 and ")" not in buf[open_paren:]:
+        tail = buf[open_paren:]
+        if len(tail) <= _MAX_TAG + 1 and "\n" not in tail:
+            hold = min(hold, open_paren)
     return hold
 
 
