@@ -131,6 +131,8 @@ class PersonaPromptProvider:
     def _format_turn(self, turn: UserTurn) -> str:
         if turn.source == "chat":
             text = wrap_chat(turn.speaker, turn.text)
+        elif self.settings.prompt_style == "compact":  # small models copy labels into their replies
+            text = neutralize(turn.text)[0]
         else:
             label = "Host (voice)" if turn.source == "voice" else "Host"
             text = f"{label}: {neutralize(turn.text)[0]}"
@@ -147,6 +149,16 @@ class PersonaPromptProvider:
         return found, who
 
     def _notes(self, found: list[Scored], who: str) -> str:
+        if self.settings.prompt_style == "compact":
+            # A small model parrots long notes: only the two best facts, no stream summaries.
+            facts = [normalize_text(s.memory.text) for s in found if s.memory.kind != "episode"][:2]
+            if not facts:
+                return ""
+            return truncate_to_tokens(
+                "You remember: " + " ".join(f if f.endswith(".") else f + "." for f in facts),
+                self._memory_budget,
+                self.count,
+            )
         lines = [who] if who else []
         lines += [normalize_text(s.memory.text) for s in found]
         if not lines:
