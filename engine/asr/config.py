@@ -21,7 +21,12 @@ class ASRConfig(BaseModel):
     window_s: float = Field(
         10.0, ge=3.0, le=30.0, description="encoder window; never shorter than the audio (>=10 s is safe)"
     )
-    partial_interval_ms: int = Field(300, ge=100, le=5000, description="re-decode period while speaking")
+    partial_interval_ms: int = Field(
+        700,
+        ge=100,
+        le=5000,
+        description="re-decode period while speaking (a partial in flight delays the final)",
+    )
     cpu_threads: int = Field(
         0, ge=0, description="0 = auto: half the cores, 1 to 4 (other stages share the CPU)"
     )
