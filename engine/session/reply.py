@@ -60,8 +60,15 @@ class ReplyContext:
     background: Callable[[Coroutine[Any, Any, Any], str], object]  # an owned task outliving the reply
 
 
-async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> int:
-    """Generate, synthesize and queue the reply to ``turn``; returns the number of chunks queued."""
+@dataclass
+class ReplyResult:
+    queued: int = 0  # chunks handed to the playout buffer
+    written: str = ""  # everything the model wrote, tags included
+
+
+async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, result: ReplyResult) -> None:
+    """Generate, synthesize and queue the reply to ``turn``, filling ``result`` as it goes (so a
+    cancelled reply still says what it had written and queued)."""
     clock = ctx.clock
     with stage("prompt"):
         messages = await ctx.prompt.build_prompt(turn)
@@ -100,6 +107,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
         try:
             async for piece in _llm_pieces(stream):
                 timings.mark("llm_first_token", clock.now())
+                result.written += piece
                 ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": piece})
                 for c in chunker.feed(piece):
                     await emit(c.text, tuple(c.expressions), tuple(c.gestures))
@@ -116,10 +124,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
                     await aclose()
         await chunks.put(None)
 
-    queued = 0
-
     async def speak() -> None:
-        nonlocal queued
         while (chunk := await chunks.get()) is not None:
             with stage("tts"):
                 synth = await ctx.tts.synthesize(chunk.text)
@@ -141,12 +146,11 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> 
                     gestures=chunk.gestures,
                 )
             )
-            queued += 1
+            result.queued += 1
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(write(), name=f"reply{turn.turn_id}:llm")
         tg.create_task(speak(), name=f"reply{turn.turn_id}:tts")
-    return queued
 
 
 async def _llm_pieces(stream: AsyncIterator[str]) -> AsyncIterator[str]:

@@ -38,7 +38,7 @@ from engine.events import (
 from engine.llm.prompt import PromptProvider, SimplePromptProvider
 from engine.models import EngineModels
 from engine.session.bus import EventBus
-from engine.session.reply import ReplyContext, StageFailed, run_reply
+from engine.session.reply import ReplyContext, ReplyResult, StageFailed, run_reply
 from engine.session.timings import TurnMetrics, TurnTimings
 from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport.audio_out import IdolAudioTrack
@@ -86,6 +86,7 @@ class Session:
         self._active: dict[int, TurnTimings] = {}
         self._heard: dict[int, list[HeardChunk]] = defaultdict(list)
         self._finished_chunks: dict[int, int] = defaultdict(int)
+        self._replies: dict[int, ReplyResult] = {}
         self._chunk_done = asyncio.Event()
         self._reply_task: asyncio.Task[None] | None = None
         self._reply_turn: UserTurn | None = None
@@ -221,8 +222,11 @@ class Session:
 
     async def _reply(self, turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> None:
         try:
-            queued = await run_reply(turn, ctx, timings)
-            while self._finished_chunks[turn.turn_id] < queued and turn.turn_id not in self._interrupted:
+            result = self._replies[turn.turn_id] = ReplyResult()
+            await run_reply(turn, ctx, timings, result)
+            while (
+                self._finished_chunks[turn.turn_id] < result.queued and turn.turn_id not in self._interrupted
+            ):
                 self._chunk_done.clear()
                 await self._chunk_done.wait()
         except asyncio.CancelledError:
@@ -239,6 +243,12 @@ class Session:
         heard.sort(key=lambda h: h.audio.index)
         played = " ".join(h.heard_text() for h in heard).strip()
         interrupted = turn.turn_id in self._interrupted
+        result = self._replies.pop(turn.turn_id, None)
+        # Heard in full: the history keeps the model's own words (tags included), so the next prompt
+        # starts with exactly the tokens the LLM already holds in its KV cache. Cut short: only what was heard.
+        remembered = (
+            result.written.strip() if result and played and not interrupted and not timings.error else played
+        )
         self._interrupted.discard(turn.turn_id)
         self._finished_chunks.pop(turn.turn_id, None)
         timings.interrupted = interrupted
@@ -255,7 +265,9 @@ class Session:
                 "timings": timings.to_dict(),
             }
         )
-        self._owner.spawn(self.prompt.record_turn(turn, played, interrupted), f"record{turn.turn_id}")
+        self._owner.spawn(
+            self.prompt.record_turn(turn, remembered or played, interrupted), f"record{turn.turn_id}"
+        )
         self._reply_turn = None
 
     # ---- playout callbacks (on the loop) ----------------------------------------------------

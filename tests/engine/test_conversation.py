@@ -75,11 +75,13 @@ async def test_text_turn_and_history_keeps_what_was_played(
     conn: EngineConnection, server: LiveServer
 ) -> None:
     await conn.say("Say hello to the viewers.")
-    done = await next_event(conn, "turn_completed")
+    done = await conn.wait_event("turn_completed", 120)
     assert not done["interrupted"] and done["played_text"]
     session = server.engine.sessions[conn.session_id]
-    history = session.prompt.history  # type: ignore[attr-defined]
-    assert history[-1] == ("Say hello to the viewers.", done["played_text"])
+    user, remembered = session.prompt.history[-1]  # type: ignore[attr-defined]
+    assert user == "Say hello to the viewers."
+    # heard in full: the model's own words are kept (so its KV cache stays valid for the next turn)
+    assert " ".join(done["played_text"].split()[:3]) in " ".join(remembered.split())
 
 
 async def test_barge_in_stops_the_reply_and_history_keeps_only_the_heard_part(
