@@ -29,6 +29,7 @@ import torch
 from engine.asr.config import ASRConfig
 from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
 from engine.asr.stream import SpeculativeStream
+from engine.asr.trim import loud_bounds
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,7 @@ SAMPLE_RATE = 16000
 MAX_WINDOW_S = 30.0
 WINDOW_STEP_S = 5.0  # windows are rounded up to this (one CUDA graph per window length)
 MAX_NEW_TOKENS = 224
-FRAME_S = 0.02
-SILENCE_RMS = 0.003
-RELATIVE_RMS = 0.03
 PAD_S = 0.25
-MIN_LOUD_S = 0.08
 NO_SPEECH_DROP = 0.6
 _ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
 
@@ -56,21 +53,6 @@ class TorchDecode:
     generate_ms: float = 0.0
     window_s: float = 0.0
     tokens: int = 0
-
-
-def loud_bounds(audio: np.ndarray) -> tuple[int, int] | None:
-    """(first, end) sample of the non-silent part; None if all silent (as in ``whisper_decoder``)."""
-    hop = int(FRAME_S * SAMPLE_RATE)
-    n = len(audio) // hop
-    if n == 0:
-        return None
-    frames = audio[: n * hop].reshape(n, hop).astype(np.float32)
-    rms = np.sqrt(np.mean(frames * frames, axis=1))
-    floor = max(SILENCE_RMS, float(rms.max()) * RELATIVE_RMS)
-    loud = np.flatnonzero(rms > floor)
-    if len(loud) == 0 or len(loud) * FRAME_S < MIN_LOUD_S:
-        return None
-    return int(loud[0]) * hop, (int(loud[-1]) + 1) * hop
 
 
 def window_frames(audio_s: float, window_s: float) -> int:

@@ -22,14 +22,12 @@ import numpy as np
 from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
+from engine.asr.trim import loud_bounds
+
 SAMPLE_RATE = 16000
 FRAMES_PER_S = 100  # log-mel frames (hop 160)
 MAX_WINDOW_S = 30.0  # the encoder's positional range
-FRAME_S = 0.02  # silence detection frame
-SILENCE_RMS = 0.003  # about -50 dBFS: quieter than this is silence
-RELATIVE_RMS = 0.03  # ... and so is anything 30 dB below the loudest frame
 PAD_S = 0.25  # kept around the loud part when trimming
-MIN_LOUD_S = 0.08  # less loud audio than this is not worth a decode
 NO_SPEECH_DROP = 0.6  # no-speech probability above which the text is dropped
 SUSPECT_NO_SPEECH = 0.25  # ... and above which a stock phrase is taken as a hallucination
 SUSPECT_LOUD_S = 0.5  # stock phrases over less loud audio than this are dropped too
@@ -88,21 +86,6 @@ def default_threads() -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, min(4, cores // 2))
-
-
-def loud_bounds(audio: np.ndarray) -> tuple[int, int, float] | None:
-    """(first, end) sample of the non-silent part and its loud seconds; None if all silent."""
-    hop = int(FRAME_S * SAMPLE_RATE)
-    n = len(audio) // hop
-    if n == 0:
-        return None
-    frames = audio[: n * hop].reshape(n, hop).astype(np.float32)
-    rms = np.sqrt(np.mean(frames * frames, axis=1))
-    floor = max(SILENCE_RMS, float(rms.max()) * RELATIVE_RMS)
-    loud = np.flatnonzero(rms > floor)
-    if len(loud) == 0 or len(loud) * FRAME_S < MIN_LOUD_S:
-        return None
-    return int(loud[0]) * hop, (int(loud[-1]) + 1) * hop, len(loud) * FRAME_S
 
 
 def normalise(text: str) -> str:
