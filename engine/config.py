@@ -33,6 +33,12 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="largest accepted request body")
     max_sessions: int = Field(8, ge=1, le=1024)
     ice_servers: list[str] = Field(default_factory=list, description="STUN/TURN URLs given to peers")
+    mic_jitter_frames: int = Field(
+        1,
+        ge=1,
+        le=15,
+        description="20 ms frames the host's mic waits in the receive jitter buffer (aiortc's default: 4)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
 
@@ -47,6 +53,12 @@ class PersonaConfig(BaseModel):
     )
     token_budget: int = Field(1536, ge=256, le=131072, description="largest prompt, in tokens")
     memories_per_turn: int = Field(5, ge=0, le=20, description="retrieved memories put in each prompt")
+    min_similarity: float = Field(
+        0.35,
+        ge=0.0,
+        le=1.0,
+        description="a memory must be at least this similar to the turn (cosine) to be put in the prompt",
+    )
     prompt_style: Literal["full", "compact"] = Field(
         "compact",
         description="'compact' persona prompt for small models (the bundled 135M one); 'full' for bigger models",

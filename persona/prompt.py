@@ -45,6 +45,9 @@ class ProviderSettings:
     token_budget: int = 1536
     prompt_style: str = "full"  # "compact" for small models (see PersonaCard.system_prompt)
     memories_per_turn: int = 5
+    min_similarity: float = (
+        0.35  # weaker matches are noise: the prompt stays the same (and its KV cache valid)
+    )
     memory_share: float = 0.12  # of the budget, for retrieved notes
     summary_share: float = 0.10  # for episodic summaries in the system message
     turn_share: float = 0.20  # for the current message (longer chat is cut)
@@ -100,6 +103,7 @@ class PersonaPromptProvider:
         settings = ProviderSettings(
             token_budget=cfg.token_budget,
             memories_per_turn=cfg.memories_per_turn,
+            min_similarity=getattr(cfg, "min_similarity", 0.35),
             prompt_style=getattr(cfg, "prompt_style", "full"),
         )
         return cls(card, bank, token_counter=token_counter, settings=settings, **kw)
@@ -141,6 +145,9 @@ class PersonaPromptProvider:
     def _retrieve(self, query: str, speaker: str) -> tuple[list[Scored], str]:
         k = self.settings.memories_per_turn
         found = self.bank.search(query, k=k, speaker=speaker) if k and query else []
+        # What a viewer told about themselves stays in; other memories must match the turn.
+        floor = self.settings.min_similarity
+        found = [s for s in found if s.similarity >= floor or s.memory.subject == speaker != "host"]
         profile = self.bank.store.profile(self.card.id, speaker) if speaker != "host" else None
         who = ""
         if profile is not None and profile.turns > 0:

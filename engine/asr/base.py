@@ -32,6 +32,10 @@ class TranscriptStream(Protocol):
         """The host paused: decode the whole buffer now so ``final`` can reuse it."""
         ...
 
+    def settled(self) -> Transcript | None:
+        """The finished speculative decode of exactly the current buffer, or None."""
+        ...
+
     async def final(self) -> Transcript:
         """The end of the turn: reuse the speculative decode if no audio arrived since."""
         ...

@@ -1,7 +1,8 @@
 """Streaming speech recognition on faster-whisper's CTranslate2 model.
 
-One :class:`FasterWhisperASR` per process holds the model and a single-worker
-executor, so every session's decodes queue instead of oversubscribing the CPU.
+One :class:`FasterWhisperASR` per process holds the model and two single-worker
+executors: partials queue on one, the speculative and final decodes on the other, so
+a partial still in flight when the host pauses never delays the decode the reply waits for.
 Each session gets a :class:`FasterWhisperStream`: ``partial`` re-decodes the
 growing utterance and commits a stable prefix by LocalAgreement-2;
 ``speculate`` decodes everything when the host pauses; ``final`` reuses that
@@ -45,7 +46,8 @@ class FasterWhisperASR:
     def __init__(self, decoder: WhisperDecoder, name: str = "whisper") -> None:
         self.decoder = decoder
         self.name = name
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")  # partials
+        self.final_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-final")
 
     @classmethod
     def load(cls, config: ASRConfig) -> FasterWhisperASR:
@@ -58,6 +60,7 @@ class FasterWhisperASR:
             language=config.language,
             beam_size=config.beam_size,
             window_s=config.window_s,
+            workers=2,  # the partial and the final executor's decodes may overlap
         )
         return cls(decoder, name=config.model.removeprefix("bundled:"))
 
@@ -74,8 +77,9 @@ class FasterWhisperASR:
         return await loop.run_in_executor(self.executor, self.decoder.decode, audio)
 
     def close(self) -> None:
-        """Stop the worker thread (queued decodes are cancelled)."""
+        """Stop the worker threads (queued decodes are cancelled)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.final_executor.shutdown(wait=False, cancel_futures=True)
 
 
 class FasterWhisperStream(SpeculativeStream[Decode]):

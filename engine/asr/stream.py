@@ -42,7 +42,8 @@ class Decoder(Protocol[D_co]):
 
 
 class DecodingModel(Protocol[D_co]):
-    """What a stream needs of its model: the decoder and the one worker thread it runs on."""
+    """What a stream needs of its model: the decoder and the worker thread it runs on (a model may
+    also have a ``final_executor`` for the speculative and final decodes, so partials never delay them)."""
 
     @property
     def decoder(self) -> Decoder[D_co]: ...
@@ -112,12 +113,13 @@ class SpeculativeStream(Generic[D]):
             self._chunks.append(piece)
             self._samples += len(piece)
 
-    def _submit(self) -> asyncio.Future[D]:
+    def _submit(self, final: bool = False) -> asyncio.Future[D]:
         loop = asyncio.get_running_loop()
         chunks = tuple(self._chunks)
         self.decodes += 1
         self._in_flight += 1
-        future = loop.run_in_executor(self._asr.executor, _decode_chunks, self._asr.decoder, chunks)
+        executor = getattr(self._asr, "final_executor", self._asr.executor) if final else self._asr.executor
+        future = loop.run_in_executor(executor, _decode_chunks, self._asr.decoder, chunks)
         generation = self._generation
 
         def done(_: asyncio.Future[D]) -> None:
@@ -153,12 +155,28 @@ class SpeculativeStream(Generic[D]):
             return
         spec = self._speculation
         if spec is None or spec.samples != self._samples or spec.generation != self._generation:
-            spec = _Speculation(self._samples, self._generation, self._submit())
+            spec = _Speculation(self._samples, self._generation, self._submit(final=True))
             self._speculation = spec
         try:
             await asyncio.shield(spec.future)
         except Exception:
             log.exception("asr: speculative decode failed")
+
+    def settled(self) -> Transcript | None:
+        """The finished speculative decode of exactly the current buffer, or None (not asked for, still
+        running, failed, or audio arrived since): what ``final`` would return right now."""
+        spec = self._speculation
+        if (
+            spec is None
+            or spec.samples != self._samples
+            or spec.generation != self._generation
+            or not spec.future.done()
+            or spec.future.cancelled()
+            or spec.future.exception() is not None
+        ):
+            return None
+        text = " ".join(spec.future.result().text.split())
+        return Transcript(text=text, stable_text=text, audio_s=spec.samples / SAMPLE_RATE)
 
     async def final(self) -> Transcript:
         """The end of the turn: reuse the speculative decode if no audio arrived since."""
@@ -173,7 +191,7 @@ class SpeculativeStream(Generic[D]):
             except Exception:
                 log.warning("asr: speculative decode failed; decoding again")
         if decode is None:
-            decode = await asyncio.shield(self._submit())
+            decode = await asyncio.shield(self._submit(final=True))
         self.last_decode = decode
         text = " ".join(decode.text.split())
         return Transcript(text=text, stable_text=text, audio_s=samples / SAMPLE_RATE)

@@ -135,13 +135,16 @@ class WhisperDecoder:
         language: str = "en",
         beam_size: int = 1,
         window_s: float = 10.0,
+        workers: int = 1,
     ) -> WhisperDecoder:
-        """Load a CTranslate2 Whisper folder on ``device`` ('auto', 'cpu' or 'cuda')."""
+        """Load a CTranslate2 Whisper folder on ``device`` ('auto', 'cpu' or 'cuda'); ``workers``
+        decodes may run at once (each with ``cpu_threads`` threads)."""
         model = WhisperModel(
             path,
             device=resolve_device(device),
             compute_type=compute_type,
             cpu_threads=cpu_threads or default_threads(),
+            num_workers=workers,
             local_files_only=True,
         )
         return cls(model, language=language, beam_size=beam_size, window_s=window_s)

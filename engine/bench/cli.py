@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import wave
@@ -122,7 +123,11 @@ def engine_process(args: argparse.Namespace) -> Iterator[str]:
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port)]
     if getattr(args, "config", None):
         cmd += ["--config", args.config]
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)  # keep our stdout for the report
+    env = os.environ.copy()
+    # A fresh memory bank per run: what earlier runs taught the idol must not change this run's prompts.
+    scratch = tempfile.TemporaryDirectory(prefix="idolcast-bench-")
+    env.setdefault("IDOLCAST_PERSONA__MEMORY_DB", os.path.join(scratch.name, "memory.sqlite3"))
+    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr)  # keep our stdout for the report
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -133,6 +138,7 @@ def engine_process(args: argparse.Namespace) -> Iterator[str]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        scratch.cleanup()
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 300.0) -> None:

@@ -107,6 +107,10 @@ class ReceivedAudio:
                 return ti + onset
         return None
 
+    def loud_now(self, now: float, within_s: float = 0.05) -> bool:
+        """The latest frame arrived in the last ``within_s`` and was loud."""
+        return bool(self.times) and now - self.times[-1] <= within_s and self.rms[-1] >= LOUD_RMS
+
     def quiet_from(self, t: float, hold_s: float = 0.4) -> float | None:
         """Start of the first stretch of at least ``hold_s`` of silence after ``t``."""
         quiet_start: float | None = None

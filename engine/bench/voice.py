@@ -37,6 +37,7 @@ DEFAULT_QUESTIONS = (
 )
 BARGE_IN_PROMPT = "Please tell me a long story about a dragon who loves to sing."
 BARGE_IN_QUESTION = "Wait, stop for a second."
+STOPPED_HOLD_S = 1.0  # quiet this long after an interjection = the reply stopped
 
 
 @dataclass
@@ -186,7 +187,13 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
 async def barge_in(
     conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
 ) -> float | None:
-    """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver."""
+    """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver.
+
+    The interjection starts while the reply is audibly playing (not in a gap between its chunks),
+    and the reply counts as stopped at the start of the first quiet stretch after the interjection's
+    onset that lasts ``STOPPED_HOLD_S``: longer than a pause inside the reply, shorter than the
+    wait for the interjection's own answer.
+    """
     _drain(conn.events)
     clip = conn.mic.play(prompt.pcm)
     await clip.done.wait()
@@ -196,13 +203,17 @@ async def barge_in(
         if conn.clock.now() - clip.sent_end > 30:
             return None
     await asyncio.sleep(after_s)
+    waited = conn.clock.now()
+    while not conn.received.loud_now(conn.clock.now()):
+        await asyncio.sleep(0.005)
+        if conn.clock.now() - waited > 10:
+            return None  # the reply ended before we could speak over it
     over = conn.mic.play(interjection.pcm)
     await over.done.wait()
     assert over.sent_start is not None
-    await asyncio.sleep(0.5)
-    stop = conn.received.quiet_from(over.sent_start, hold_s=0.3)
     await conn.wait_event("turn_completed", 60)  # the interjection's own reply
     await _settle(conn)
+    stop = conn.received.quiet_from(over.sent_start, hold_s=STOPPED_HOLD_S)
     if stop is None:
         return None
     return round((stop - over.sent_start) * 1000.0, 1)

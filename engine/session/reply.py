@@ -58,6 +58,7 @@ class ReplyContext:
     cache_key: str
     on_command: Callable[[ExpressionCommand | GestureCommand], None]
     background: Callable[[Coroutine[Any, Any, Any], str], object]  # an owned task outliving the reply
+    gate: asyncio.Event | None = None  # an early reply's audio waits for this (the turn's confirmation)
 
 
 @dataclass
@@ -131,6 +132,8 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
             if len(synth.pcm) == 0:
                 continue
             timings.mark("tts_first_audio", clock.now())
+            if ctx.gate is not None:
+                await ctx.gate.wait()
             await ctx.playout.wait_for_room()
             ctx.playout.enqueue(
                 SpeechAudio(

@@ -21,6 +21,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,7 +45,7 @@ from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport.audio_out import IdolAudioTrack
 from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
 from engine.transport.playout import HeardChunk, PlayoutBuffer
-from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechStarted
+from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechResumed, VADSpeechStarted
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,73 @@ PREROLL_S = 0.3
 
 class SessionClosed(Exception):
     pass
+
+
+@dataclass
+class _EarlyReply:
+    """A reply started on the speculative transcript while the host is still (maybe) pausing.
+
+    Its audio waits behind ``gate`` and its events and commands wait in ``held`` until the end of
+    the turn confirms the transcript; speech coming back, a text turn or an interrupt cancels it
+    and nobody ever sees it.
+    """
+
+    turn: UserTurn
+    timings: TurnTimings
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    held: list[Callable[[], None]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    def publish_later(self, publish: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        def deferred(event: dict[str, Any]) -> None:
+            if self.gate.is_set():
+                publish(event)
+            else:
+                self.held.append(lambda: publish(event))
+
+        return deferred
+
+    def command_later(
+        self, command: Callable[[ExpressionCommand | GestureCommand], None]
+    ) -> Callable[[ExpressionCommand | GestureCommand], None]:
+        def deferred(cmd: ExpressionCommand | GestureCommand) -> None:
+            if self.gate.is_set():
+                command(cmd)
+            else:
+                self.held.append(lambda: command(cmd))
+
+        return deferred
+
+    def release(self) -> None:
+        self.gate.set()
+        for action in self.held:
+            action()
+        self.held.clear()
+
+
+@dataclass
+class _Utterance:
+    """The host's current spoken turn as the listener tracks it."""
+
+    stream: Any  # TranscriptStream
+    paused: bool = False  # silence since the last pause: audio is held back, not appended
+    held: list[np.ndarray] = field(default_factory=list)
+    finalized: bool = False
+    early: _EarlyReply | None = None
+
+    def append(self, audio: np.ndarray) -> None:
+        # Silence after a pause goes to the stream only if speech resumes: the end of the turn
+        # then finds the buffer the speculative decode saw, and reuses that decode.
+        if self.paused:
+            self.held.append(audio)
+        else:
+            self.stream.append(audio)
+
+    def resume(self) -> None:
+        self.paused = False
+        for piece in self.held:
+            self.stream.append(piece)
+        self.held.clear()
 
 
 class VideoSource(Protocol):
@@ -91,6 +159,9 @@ class Session:
         self._reply_task: asyncio.Task[None] | None = None
         self._reply_turn: UserTurn | None = None
         self._interrupted: set[int] = set()
+        self._early: _EarlyReply | None = None  # started on a pause, not yet confirmed
+        self._adopted: dict[int, asyncio.Task[None]] = {}  # confirmed early replies, by turn id
+        self.early_replies = {"started": 0, "confirmed": 0, "cancelled": 0}
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{session_id}")
         self._closed = False
         self.command_listeners: list[Callable[[ExpressionCommand | GestureCommand], None]] = []
@@ -129,6 +200,7 @@ class Session:
     async def interrupt(self, reason: str = "host") -> bool:
         """Stop the idol now: flush queued audio (with a short fade) and cancel the reply."""
         task, turn = self._reply_task, self._reply_turn
+        self._cancel_early(reason)
         if not self._speaking():
             return False
         t = self.clock.now()
@@ -180,23 +252,30 @@ class Session:
 
     # ---- turns ---------------------------------------------------------------------------
 
-    def _new_turn(self, text: str, source: TurnSource, speaker: str, t: float) -> UserTurn:
+    def _new_turn(
+        self, text: str, source: TurnSource, speaker: str, t: float, *, announce: bool = True
+    ) -> UserTurn:
         turn_id = self._next_turn_id
         self._next_turn_id += 1
         self._active[turn_id] = TurnTimings(turn_id=turn_id, source=source, user_text=text)
+        turn = UserTurn(t=t, text=text, source=source, speaker=speaker, turn_id=turn_id)
+        if announce:
+            self._announce(turn)
+        return turn
+
+    def _announce(self, turn: UserTurn) -> None:
         self.bus.publish(
             {
                 "type": "user_turn",
-                "turn_id": turn_id,
-                "text": text,
-                "source": source,
-                "speaker": speaker,
-                "t": t,
+                "turn_id": turn.turn_id,
+                "text": turn.text,
+                "source": turn.source,
+                "speaker": turn.speaker,
+                "t": turn.t,
             }
         )
-        return UserTurn(t=t, text=text, source=source, speaker=speaker, turn_id=turn_id)
 
-    def _reply_context(self) -> ReplyContext:
+    def _reply_context(self, early: _EarlyReply | None = None) -> ReplyContext:
         return ReplyContext(
             llm=self.models.llm,
             tts=self.models.tts,
@@ -204,10 +283,11 @@ class Session:
             prompt=self.prompt,
             playout=self.playout,
             clock=self.clock,
-            publish=self.bus.publish,
+            publish=self.bus.publish if early is None else early.publish_later(self.bus.publish),
             cache_key=self.id,
-            on_command=self.command,
+            on_command=self.command if early is None else early.command_later(self.command),
             background=self._owner.spawn,
+            gate=None if early is None else early.gate,
         )
 
     async def _conversation(self) -> None:
@@ -215,10 +295,49 @@ class Session:
             turn = await self._turn_queue.get()
             timings = self._active[turn.turn_id]
             self._reply_turn = turn
-            reply = self._reply(turn, self._reply_context(), timings)
-            self._reply_task = self._owner.spawn(reply, f"reply{turn.turn_id}")
-            await asyncio.wait([self._reply_task])
+            task = self._adopted.pop(turn.turn_id, None)
+            if task is None:
+                self._cancel_early("text turn")  # one reply at a time: this turn goes first
+                task = self._owner.spawn(
+                    self._reply(turn, self._reply_context(), timings), f"reply{turn.turn_id}"
+                )
+            self._reply_task = task
+            await asyncio.wait([task])
             self._complete(turn, timings)
+
+    # ---- early replies (started on the pause, confirmed at the end of the turn) -------------
+
+    def _start_early(self, utt: _Utterance, text: str) -> None:
+        """The host paused and the speculative transcript is ready: start replying now, silently."""
+        if (
+            not self.settings.vad.early_reply
+            or utt.finalized
+            or utt.early is not None
+            or self._early is not None
+            or self._speaking()
+            or not self._turn_queue.empty()
+        ):
+            return
+        turn = self._new_turn(text, "voice", "host", self.clock.now(), announce=False)
+        timings = self._active[turn.turn_id]
+        timings.early_reply = True
+        early = _EarlyReply(turn=turn, timings=timings)
+        early.task = self._owner.spawn(
+            self._reply(turn, self._reply_context(early), timings), f"early{turn.turn_id}"
+        )
+        utt.early = self._early = early
+        self.early_replies["started"] += 1
+
+    def _cancel_early(self, reason: str) -> None:
+        early, self._early = self._early, None
+        if early is None or early.task is None:
+            return
+        log.debug("early reply to %r cancelled: %s", early.turn.text, reason)
+        self.early_replies["cancelled"] += 1
+        early.held.clear()
+        early.task.cancel()
+        self._active.pop(early.turn.turn_id, None)
+        self._replies.pop(early.turn.turn_id, None)
 
     async def _reply(self, turn: UserTurn, ctx: ReplyContext, timings: TurnTimings) -> None:
         try:
@@ -303,7 +422,7 @@ class Session:
         loop = asyncio.get_running_loop()
         vad = self.models.new_vad()
         preroll: deque[np.ndarray] = deque(maxlen=int(PREROLL_S * MIC_RATE / 320) + 1)
-        stream = None
+        utt: _Utterance | None = None
         turn_owner = TaskOwner(f"session-{self.id}-asr")
         arrivals = ArrivalMap()
         voiced_s = 0.0  # how long speech has lasted (for barge-in, faster than a full turn start)
@@ -320,66 +439,87 @@ class Session:
                 if voiced_s >= barge_s and self._speaking():
                     voiced_s = float("-inf")  # once per utterance
                     turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
-                if stream is not None:
-                    stream.append(chunk.audio)
+                if utt is not None:
+                    utt.append(chunk.audio)
                 else:
                     preroll.append(chunk.audio)
                 for ev in events:
                     if isinstance(ev, VADSpeechStarted):
-                        stream = self.models.asr.new_stream()
+                        utt = _Utterance(self.models.asr.new_stream())
                         for piece in preroll:
-                            stream.append(piece)
+                            utt.append(piece)
                         preroll.clear()
                         self.bus.publish({"type": "speech_started", "t": arrivals.clock_time(ev.t)})
-                        turn_owner.spawn(self._partials(stream), "partials")
+                        turn_owner.spawn(self._partials(utt), "partials")
                         if self._speaking():
                             turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
-                    elif isinstance(ev, VADSpeechPaused) and stream is not None:
-                        turn_owner.spawn(stream.speculate(), "speculate")
-                    elif isinstance(ev, VADEndOfTurn) and stream is not None:
+                    elif isinstance(ev, VADSpeechPaused) and utt is not None:
+                        utt.paused = True
+                        turn_owner.spawn(self._speculate(utt), "speculate")
+                    elif isinstance(ev, VADSpeechResumed) and utt is not None:
+                        utt.resume()
+                        if utt.early is not None:
+                            utt.early = None
+                            self._cancel_early("speech resumed")
+                    elif isinstance(ev, VADEndOfTurn) and utt is not None:
                         speech_end = arrivals.clock_time(ev.speech_end_t)
                         self.bus.publish({"type": "speech_ended", "t": speech_end})
                         eot = arrivals.clock_time(ev.t)
-                        turn_owner.spawn(self._finalize(stream, speech_end, eot), "final")
-                        stream = None
+                        turn_owner.spawn(self._finalize(utt, speech_end, eot), "final")
+                        utt = None
         finally:
             await turn_owner.cancel_all()
 
-    async def _partials(self, stream: Any) -> None:
+    async def _speculate(self, utt: _Utterance) -> None:
+        await utt.stream.speculate()
+        settled = utt.stream.settled()
+        log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
+        if settled is not None and settled.text and utt.paused:
+            self._start_early(utt, settled.text)
+
+    async def _partials(self, utt: _Utterance) -> None:
         interval = self.settings.asr.partial_interval_ms / 1000.0
         last = ""
-        while True:
+        while not utt.finalized:
             await asyncio.sleep(interval)
-            if getattr(stream, "closed", False):
-                return
-            tr = await stream.partial()
+            if utt.paused or utt.finalized:
+                continue  # the speculative decode has the worker now
+            tr = await utt.stream.partial()
             if tr.text and tr.text != last:
                 last = tr.text
                 self.bus.publish(
                     {"type": "partial", "text": tr.text, "stable": tr.stable_text, "t": self.clock.now()}
                 )
 
-    async def _finalize(self, stream: Any, speech_end: float, eot: float) -> None:
-        final = await stream.final()
+    async def _finalize(self, utt: _Utterance, speech_end: float, eot: float) -> None:
+        final = await utt.stream.final()
+        utt.finalized = True
         now = self.clock.now()
         text = final.text.strip()
+        early, utt.early = utt.early, None
+        if early is not None and (early is not self._early or early.turn.text != text):
+            early = None
+            self._cancel_early("transcript changed")
         if not text:
             self.bus.publish({"type": "final", "text": "", "t": now})
             return
-        turn = self._new_turn(text, "voice", "host", now)
+        if early is not None and early.task is not None:
+            self._early = None
+            turn = early.turn
+            self._adopted[turn.turn_id] = early.task
+            self.early_replies["confirmed"] += 1
+        else:
+            turn = self._new_turn(text, "voice", "host", now, announce=False)
+        turn = UserTurn(
+            t=now, text=text, source="voice", speaker="host", turn_id=turn.turn_id, speech_end_t=speech_end
+        )
         timings = self._active[turn.turn_id]
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
+        self._announce(turn)
         self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
-        self._turn_queue.put_nowait(
-            UserTurn(
-                t=now,
-                text=text,
-                source="voice",
-                speaker="host",
-                turn_id=turn.turn_id,
-                speech_end_t=speech_end,
-            )
-        )
+        if early is not None:
+            early.release()  # its audio may play from now on
+        self._turn_queue.put_nowait(turn)
 
 
 def _root_cause(e: BaseException) -> BaseException:

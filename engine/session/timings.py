@@ -33,6 +33,7 @@ class TurnTimings:
     tts_first_audio: float | None = None
     first_audio_sent: float | None = None
     interrupted: bool = False
+    early_reply: bool = False  # the reply started on the pause, before the end of the turn
     error: str | None = None
 
     def mark(self, stage: str, t: float) -> None:

@@ -2,18 +2,44 @@
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
+from aiortc import RTCPeerConnection
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 from av.audio.resampler import AudioResampler
 
 from engine.clock import Clock
 
+log = logging.getLogger(__name__)
+
 MIC_RATE = 16000
+_RECEIVER_JITTER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's own, private
+
+
+def set_mic_jitter(pc: RTCPeerConnection, track: MediaStreamTrack, frames: int) -> bool:
+    """Hold the host's mic in a jitter buffer of ``frames`` 20 ms frames instead of aiortc's 4.
+
+    aiortc releases an audio packet only once ``prefetch`` later frames have arrived: 80 ms before
+    the VAD hears the host stop (or start) speaking. On a LAN one frame is enough; a packet that
+    arrives later than that is dropped and the VAD sees a 20 ms gap. Returns False (and keeps aiortc's
+    buffer) if this aiortc keeps its receiver's buffer elsewhere.
+    """
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if receiver.track is not track:
+            continue
+        if not isinstance(getattr(receiver, _RECEIVER_JITTER, None), JitterBuffer):
+            log.warning("this aiortc has no receiver jitter buffer where expected; keeping its default")
+            return False
+        setattr(receiver, _RECEIVER_JITTER, JitterBuffer(capacity=16, prefetch=frames))
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,11 @@ class VADConfig(BaseModel):
     end_of_turn_silence_ms: int = Field(
         400, ge=100, le=5000, description="silence after speech that ends the host's turn"
     )
+    early_reply: bool = Field(
+        True,
+        description="start the reply on the speculative transcript at the pause; it stays silent until "
+        "the end of the turn confirms it, and is dropped if the host speaks again",
+    )
     min_speech_ms: int = Field(150, ge=0, le=2000, description="speech shorter than this is ignored")
     barge_in_min_speech_ms: int = Field(
         90,

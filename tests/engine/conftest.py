@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -43,6 +44,13 @@ class LiveServer:
 
 @pytest.fixture
 async def server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
+    async with live_server(settings, models) as s:
+        yield s
+
+
+@contextlib.asynccontextmanager
+async def live_server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
+    """An engine serving HTTP on a free port (shares the loaded models)."""
     engine = Engine(settings, models)
     app = create_app(settings, engine)
     runner = web.AppRunner(app)

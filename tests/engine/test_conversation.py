@@ -13,9 +13,11 @@ import pytest
 from engine.asr.wer import wer
 from engine.bench.voice import EngineConnection
 from engine.clock import MediaClock
+from engine.config import Settings
 from engine.llm.base import ChatMessage
+from engine.models import EngineModels, load_vad_factory
 from tests.conftest import resample_linear, synthesize_speech
-from tests.engine.conftest import LiveServer
+from tests.engine.conftest import LiveServer, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +64,10 @@ async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, serve
         "first_audio_sent",
     ]
     assert [s for s in order if s in stages] == order, stages
+    if done["timings"]["early_reply"]:  # the reply started in the silence; it was heard only after the final
+        order.remove("end_of_turn")
+        order.remove("asr_final")
+        assert stages["asr_final"] <= stages["first_audio_sent"], stages
     assert all(stages[a] <= stages[b] for a, b in zip(order, order[1:], strict=False)), stages
     # the timings are exported to Prometheus
     import aiohttp
@@ -146,3 +152,74 @@ async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: L
     finally:
         await a.close()
         await b.close()
+
+
+# ---- early replies: started on the pause, silent until the end of the turn confirms them ----------
+
+
+@pytest.fixture
+async def slow_eot_server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
+    """A server whose end of turn comes 2.5 s into the silence: the speculative transcript is ready
+    long before it, so an early reply always starts, and a pause shorter than that can cancel it."""
+    slow = settings.model_copy(deep=True)
+    slow.vad.end_of_turn_silence_ms = 2500
+    async with live_server(slow, dataclasses.replace(models, new_vad=load_vad_factory(slow.vad))) as s:
+        yield s
+
+
+async def collect_turn(c: EngineConnection, limit_s: float = 90) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    while not events or events[-1].get("type") != "turn_completed":
+        events.append(await asyncio.wait_for(c.events.get(), limit_s))
+    return events
+
+
+async def test_early_reply_is_confirmed_at_the_end_of_turn_and_only_then_heard(
+    slow_eot_server: LiveServer,
+) -> None:
+    c = EngineConnection(slow_eot_server.url, MediaClock())
+    await c.open(with_video=False)
+    try:
+        clip = c.mic.play(speech_48k("What is your favorite color?", pad_s=3.5))
+        events = await collect_turn(c)
+        session = slow_eot_server.engine.sessions[c.session_id]
+        assert session.early_replies["confirmed"] == 1, session.early_replies
+        kinds = [e["type"] for e in events]
+        assert kinds.count("user_turn") == 1
+        # nothing of the reply is shown before the turn is confirmed
+        assert "reply_token" in kinds and kinds.index("user_turn") < kinds.index("reply_token")
+        timings = events[-1]["timings"]
+        assert timings["early_reply"] is True
+        stages = timings["relative_ms"]
+        assert stages["llm_first_token"] < stages["end_of_turn"], stages  # it started in the silence
+        assert stages["first_audio_sent"] >= stages["asr_final"], stages  # but spoke only after it
+        assert clip.sent_end is not None
+        heard = c.received.first_loud_after(clip.sent_end)
+        assert heard is not None and heard - clip.sent_end >= 2.5, "no reply audio during the silence"
+    finally:
+        await c.close()
+
+
+async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_server: LiveServer) -> None:
+    c = EngineConnection(slow_eot_server.url, MediaClock())
+    await c.open(with_video=False)
+    try:
+        session = slow_eot_server.engine.sessions[c.session_id]
+        first = c.mic.play(speech_48k("What is your favorite", pad_s=0.0))
+        await first.done.wait()
+        async with asyncio.timeout(2.0):  # the pause (silence from the mic) lets an early reply start
+            while session.early_replies["started"] == 0:
+                await asyncio.sleep(0.02)
+        c.mic.play(speech_48k("color in the whole world?", pad_s=3.5))  # ... then the host goes on
+        events = await collect_turn(c)
+        assert session.early_replies["cancelled"] == 1, session.early_replies
+        assert session.early_replies["confirmed"] == 1, session.early_replies
+        turns = [e for e in events if e["type"] == "user_turn"]
+        assert len(turns) == 1, turns  # the dropped reply's turn was never announced
+        assert "world" in turns[0]["text"].lower(), turns[0]["text"]
+        kinds = [e["type"] for e in events]
+        assert kinds.index("user_turn") < kinds.index("reply_token")
+        assert events[-1]["played_text"].strip()
+        assert session._early is None
+    finally:
+        await c.close()
