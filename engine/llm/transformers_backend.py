@@ -8,6 +8,10 @@ every forward pass, so it stops within one decode step (or one prefill chunk).
 Per ``cache_key`` the backend keeps the token ids and the ``DynamicCache`` of the previous call
 (see :mod:`engine.llm.kv_cache`); the next call prefills only what follows the longest common
 token prefix. :attr:`TransformersLLM.prefilled_tokens` and friends count the real work done.
+
+On CUDA (``llm.cuda_graphs``, the default there) decoding goes through :mod:`engine.llm.graph_kv`
+instead: a few static KV caches, each with one captured CUDA graph per decode step, reused by common
+token prefix. Prompt handling, sampling, the stop flag and the counters are the same on both paths.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +32,10 @@ import torch
 
 from engine.llm.base import ChatMessage, LLMError
 from engine.llm.config import LLMConfig
+from engine.llm.graph_kv import GraphSlot, GraphSlots
 from engine.llm.hf_models import load_model, pick_device, pick_dtype, resolve_source
 from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len, crop_cache
+from engine.llm.random_model import speakable_bias
 from engine.progress import Progress, silent_progress
 
 log = logging.getLogger(__name__)
@@ -221,6 +228,7 @@ class TransformersLLM:
             dtype=self.dtype,
             device=self.device,
             progress=progress,
+            tokenizer_dir=self.config.tokenizer,
         )
         self.quantized = self.device == "cpu" and self.config.quantize == "int8"
         if self.quantized:
@@ -228,6 +236,11 @@ class TransformersLLM:
         self._tok_lock = threading.Lock()  # fast tokenizers dislike concurrent use
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
         self.stop_ids = self._stop_ids()
+        # Random-weight shapes (benchmarks) sample only ids that read as words: see engine.llm.random_model.
+        self.logit_bias: torch.Tensor | None = None
+        if self.source.kind == "random":
+            vocab = int(self.model.config.vocab_size)
+            self.logit_bias = speakable_bias(self.tokenizer, vocab, self.stop_ids, self.device)
         # transformers 5.2x renamed `past_key_values` to `cache` (the old name warns, then goes away).
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -237,6 +250,7 @@ class TransformersLLM:
         self.reused_tokens = 0
         self.generated_tokens = 0
         self.last_call = CallStats()
+        self.graph_slots = self._graph_slots(progress)
         if warmup:
             with torch.inference_mode():
                 self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
@@ -262,6 +276,9 @@ class TransformersLLM:
     def describe(self) -> str:
         threads = f", {torch.get_num_threads()} threads" if self.device == "cpu" else ""
         dtype = str(self.dtype).removeprefix("torch.") + (", int8 linear layers" if self.quantized else "")
+        if self.graph_slots is not None:
+            g = self.graph_slots
+            threads = f", CUDA-graph decode, {g.slots} static KV caches of {g.max_len} positions"
         return f"transformers {self.source.label or self.source.location} ({self.device}, {dtype}{threads})"
 
     # ---- helpers ------------------------------------------------------------------------
@@ -292,6 +309,28 @@ class TransformersLLM:
             if isinstance(tid, int) and tid != unk:
                 ids.add(tid)
         return sorted(ids)
+
+    def _graph_slots(self, progress: Progress) -> GraphSlots | None:
+        """The CUDA-graph decode path's KV caches (built and captured now), or None (CPU, switched off, or
+        a model GraphDecoder does not support: then the DynamicCache path runs on the GPU too)."""
+        cfg = self.config
+        if self.device != "cuda" or not cfg.cuda_graphs:
+            return None
+        max_len = min(cfg.cuda_graph_max_len, self.max_positions)
+        start = time.perf_counter()
+        try:
+            slots = GraphSlots(self.model, max_len=max_len, slots=cfg.cuda_graph_slots)
+        except NotImplementedError as e:
+            log.warning("llm: no CUDA-graph decode for this model (%s): eager decode with a DynamicCache", e)
+            return None
+        with torch.inference_mode():
+            slots.warm(self.stop_ids[0] if self.stop_ids else 0)
+        progress(
+            "llm",
+            f"CUDA-graph decode captured ({cfg.cuda_graph_slots} caches, "
+            f"{time.perf_counter() - start:.1f} s)",
+        )
+        return slots
 
     def _new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -334,12 +373,16 @@ class TransformersLLM:
     def _worker(self, messages: list[ChatMessage], key: str | None, chan: _Channel) -> None:
         stats = CallStats()
         self.last_call = stats
-        owned, entry = self.caches.take(key, chan.stop) if key is not None else (False, None)
+        graph = self.graph_slots is not None
+        owned, entry = self.caches.take(key, chan.stop) if key is not None and not graph else (False, None)
         error: BaseException | None = None
         keep: CacheEntry | None = None
         try:
             with torch.inference_mode():
-                keep = self._generate(messages, entry, chan, stats)
+                if graph:
+                    self._generate_graph(messages, chan, stats)
+                else:
+                    keep = self._generate(messages, entry, chan, stats)
         except LLMError as e:
             error = e
         except Exception as e:
@@ -356,14 +399,9 @@ class TransformersLLM:
     def _generate(
         self, messages: list[ChatMessage], entry: CacheEntry | None, chan: _Channel, stats: CallStats
     ) -> CacheEntry:
-        cfg = self.config
         ids = self.encode_chat(messages)
         stats.prompt_tokens = len(ids)
-        if len(ids) + cfg.max_new_tokens > self.max_positions:
-            raise LLMError(
-                f"prompt of {len(ids)} tokens + max_new_tokens {cfg.max_new_tokens} exceeds "
-                f"the model's {self.max_positions} positions: shorten the history"
-            )
+        self._check_length(len(ids), self.max_positions, "the model's")
         # Reuse the longest common prefix; at least one token must be fed to get logits.
         keep = 0
         cache = None
@@ -390,12 +428,35 @@ class TransformersLLM:
             self.prefilled_tokens += len(chunk)
         assert logits is not None
 
+        def feed(token: int) -> torch.Tensor:
+            out = self._forward([token], cache)
+            fed.append(token)
+            return out
+
+        self._sample(logits, feed, chan, stats)
+        return CacheEntry(fed, cache)
+
+    def _check_length(self, prompt_tokens: int, positions: int, whose: str, setting: str = "") -> None:
+        if prompt_tokens + self.config.max_new_tokens > positions:
+            raise LLMError(
+                f"prompt of {prompt_tokens} tokens + max_new_tokens {self.config.max_new_tokens} exceeds "
+                f"{whose} {positions} positions{setting}: shorten the history"
+            )
+
+    def _sample(
+        self, logits: torch.Tensor, feed: Callable[[int], torch.Tensor], chan: _Channel, stats: CallStats
+    ) -> None:
+        """Sample up to ``max_new_tokens`` from ``logits`` on, handing text pieces to ``chan``;
+        ``feed(token)`` puts a sampled token into the cache and returns the next logits (float32)."""
+        cfg = self.config
         procs = self._processors()
         greedy = cfg.temperature == 0
         detok = _Detokenizer(self._decode)
         reply: list[int] = []
         stats.stop_reason = "max_new_tokens"
         for step in range(cfg.max_new_tokens):
+            if self.logit_bias is not None:
+                logits = logits + self.logit_bias
             # Penalties look at the reply only: the prompt holds the persona, names and the
             # template's own markers, which the reply must stay free to repeat.
             logits = procs(torch.tensor([reply], dtype=torch.long, device=logits.device), logits)
@@ -422,6 +483,49 @@ class TransformersLLM:
             if chan.stop.is_set():
                 stats.stop_reason = "cancelled"
                 break
-            logits = self._forward([token], cache)
-            fed.append(token)
-        return CacheEntry(fed, cache)
+            logits = feed(token)
+
+    # ---- the CUDA-graph path ------------------------------------------------------------
+
+    def _generate_graph(self, messages: list[ChatMessage], chan: _Channel, stats: CallStats) -> None:
+        slots = self.graph_slots
+        assert slots is not None
+        ids = self.encode_chat(messages)
+        stats.prompt_tokens = len(ids)
+        self._check_length(len(ids), slots.max_len, "the CUDA-graph KV cache's", " (llm.cuda_graph_max_len)")
+        slot = slots.take(ids, chan.stop)
+        if slot is None:
+            stats.stop_reason = "cancelled"
+            return
+        valid = False
+        try:
+            self._run_graph(slot, ids, chan, stats)
+            valid = True
+        finally:
+            slots.put_back(slot, valid)
+
+    def _run_graph(self, slot: GraphSlot, ids: list[int], chan: _Channel, stats: CallStats) -> None:
+        dec = slot.decoder
+        # Reuse the longest common prefix; at least one token must be fed to get logits.
+        keep = min(common_prefix_len(slot.ids, ids), len(ids) - 1)
+        slot.crop(keep)
+        stats.reused_tokens = keep
+        self.reused_tokens += keep
+        logits: torch.Tensor | None = None
+        for start in range(keep, len(ids), PREFILL_CHUNK):
+            if chan.stop.is_set():
+                stats.stop_reason = "cancelled"
+                return
+            chunk = ids[start : start + PREFILL_CHUNK]
+            logits = dec.prefill(torch.tensor(chunk, dtype=torch.long, device=self.device), start)
+            slot.ids.extend(chunk)
+            stats.prefilled_tokens += len(chunk)
+            self.prefilled_tokens += len(chunk)
+        assert logits is not None
+
+        def feed(token: int) -> torch.Tensor:
+            out = dec.step(token)  # the graph's static buffer: copy before the next step
+            slot.ids.append(token)
+            return out.to(torch.float32, copy=True)
+
+        self._sample(logits.to(torch.float32, copy=True), feed, chan, stats)
