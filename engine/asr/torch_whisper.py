@@ -5,6 +5,11 @@ On CUDA the model runs in float16 and each decode step is one CUDA-graph replay;
 eagerly (float32). ``asr.model`` must name a local Hugging Face Whisper folder (``config.json``, weights,
 tokenizer and preprocessor files); nothing is downloaded.
 
+``asr.model = "random:small"`` (benchmarks only) builds a Whisper of that published shape with random weights
+and decodes its ids with the tokenizer in ``asr.tokenizer``. Random weights never emit EOS, so such a decode
+is cut where a real model's would end: after :data:`SPEECH_TOKENS_PER_S` tokens per second of speech, plus
+the EOS step; and its ids are restricted to tokens that read as words, so the reply stage gets text.
+
 The stream semantics follow ``faster_whisper.py``: ``partial`` re-decodes the growing utterance and commits a
 stable prefix by LocalAgreement-2; ``speculate`` decodes everything when the host pauses; ``final`` reuses that
 decode when no audio came in since. (That module imports CTranslate2, which the GPU image lacks, so the stream
@@ -39,6 +44,11 @@ WINDOW_STEP_S = 5.0  # windows are rounded up to this (one CUDA graph per window
 MAX_NEW_TOKENS = 224
 PAD_S = 0.25
 NO_SPEECH_DROP = 0.6
+# Random-weight shapes: English conversational speech is ~150 words a minute, ~1.3 Whisper tokens a word.
+SPEECH_TOKENS_PER_S = 3.3
+# <|nocaptions|> of the multilingual vocabularies (v1/v2: 51865 ids, v3: 51866), for random-weight shapes.
+NO_SPEECH_IDS = {51865: 50362, 51866: 50363}
+RANDOM_PREFIX = "random:"
 _ANNOTATION = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*|♪+")
 
 
@@ -55,6 +65,13 @@ class TorchDecode:
     tokens: int = 0
 
 
+def random_decode_tokens(audio_s: float) -> int:
+    """New tokens (EOS included) a real model would decode for ``audio_s`` of trimmed audio (speech plus
+    the trim's padding on both sides): the length a random-weight shape's decode is cut to."""
+    speech_s = max(0.0, audio_s - 2 * PAD_S)
+    return int(np.ceil(speech_s * SPEECH_TOKENS_PER_S - 1e-9)) + 1
+
+
 def window_frames(audio_s: float, window_s: float) -> int:
     """Mel frames of the encoder window: at least ``window_s`` and the audio, rounded up to 5 s, at most 30 s."""
     want = min(MAX_WINDOW_S, max(window_s, audio_s))
@@ -66,9 +83,16 @@ class TorchWhisperDecoder:
     """Model + feature extractor + tokenizer; :meth:`decode` is blocking and serialised by a lock."""
 
     def __init__(
-        self, model: Any, feature_extractor: Any, tokenizer: Any, window_s: float = 10.0, max_len: int = 448
+        self,
+        model: Any,
+        feature_extractor: Any,
+        tokenizer: Any,
+        window_s: float = 10.0,
+        max_len: int = 448,
+        random_weights: bool = False,
     ) -> None:
         self.model = model
+        self.random_weights = random_weights
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.window_s = window_s
@@ -85,13 +109,26 @@ class TorchWhisperDecoder:
             if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None):
                 no_speech = tid
                 break
+        if random_weights:
+            no_speech = NO_SPEECH_IDS.get(self.graph.vocab, no_speech)
+            self.graph.set_suppressed(self._unspeakable(tokenizer))
         self.no_speech_id: int | None = no_speech
         self._lock = threading.Lock()
+
+    def _unspeakable(self, tokenizer: Any) -> list[int]:
+        """Every id but EOS and the tokenizer's word-like ones (random-weight shapes only)."""
+        from engine.llm.random_model import speakable_ids
+
+        keep = [self.eos] if self.eos is not None else []
+        allowed = set(speakable_ids(tokenizer, self.graph.vocab, keep))
+        return [i for i in range(self.graph.vocab) if i not in allowed]
 
     @classmethod
     def load(cls, config: ASRConfig) -> TorchWhisperDecoder:
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
+        if config.model.startswith(RANDOM_PREFIX):
+            return cls.load_random(config)
         path = Path(config.model).expanduser()
         if not (path / "config.json").is_file():
             raise ValueError(
@@ -108,6 +145,34 @@ class TorchWhisperDecoder:
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
         return cls(model, fe, tok, window_s=config.window_s)
+
+    @classmethod
+    def load_random(cls, config: ASRConfig) -> TorchWhisperDecoder:
+        """``random:SHAPE``: random weights of a published shape (benchmarks only; see the module doc)."""
+        from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+        from engine.asr.cuda_whisper_graph import WHISPER_SHAPES, build_whisper
+
+        shape = config.model.removeprefix(RANDOM_PREFIX)
+        if shape not in WHISPER_SHAPES:
+            raise ValueError(
+                f"asr.model: unknown random shape {shape!r} (known: {', '.join(WHISPER_SHAPES)})"
+            )
+        if not config.tokenizer:
+            raise ValueError("asr.tokenizer: a 'random:*' model needs a local tokenizer folder")
+        tok = AutoTokenizer.from_pretrained(config.tokenizer, local_files_only=True)
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        model = build_whisper(shape, device, dtype)
+        fe = WhisperFeatureExtractor(feature_size=int(WHISPER_SHAPES[shape]["num_mel_bins"]))
+        return cls(model, fe, tok, window_s=config.window_s, random_weights=True)
+
+    def warm(self) -> None:
+        """One decode of a second of quiet noise: captures the default window's graph now, not in a turn."""
+        noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 0.01
+        self.decode(noise, trim=False)
 
     @property
     def device(self) -> str:
@@ -146,6 +211,8 @@ class TorchWhisperDecoder:
         frames = window_frames(audio_s, self.window_s)
         mel = self.features(audio, frames)
         max_new = min(MAX_NEW_TOKENS, int(audio_s * 6) + 8, self.graph.max_len - len(self.prompt) + 1)
+        if self.random_weights:
+            max_new = min(max_new, random_decode_tokens(audio_s))
         g = self.graph
         with self._lock, torch.no_grad():
             t0 = time.perf_counter()
@@ -185,7 +252,10 @@ class TorchWhisperASR:
 
     @classmethod
     def load(cls, config: ASRConfig) -> TorchWhisperASR:
-        return cls(TorchWhisperDecoder.load(config), name=Path(config.model).name)
+        decoder = TorchWhisperDecoder.load(config)
+        decoder.warm()
+        name = config.model if decoder.random_weights else Path(config.model).name
+        return cls(decoder, name=name)
 
     def new_stream(self) -> TorchWhisperStream:
         return TorchWhisperStream(self)
@@ -193,7 +263,8 @@ class TorchWhisperASR:
     def describe(self) -> str:
         d = self.decoder
         graph = "CUDA graphs" if d.graph.use_graph else "eager"
-        return f"transformers whisper {self.name} ({d.device}, {graph}, {d.window_s:g} s window)"
+        weights = ", random weights: benchmarks only" if d.random_weights else ""
+        return f"transformers whisper {self.name} ({d.device}, {graph}, {d.window_s:g} s window{weights})"
 
     async def transcribe(self, audio: np.ndarray) -> TorchDecode:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ The ``gpu`` tests capture the CUDA graphs and are skipped cleanly where no CUDA 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +226,33 @@ async def test_asr_stream_on_toy_model() -> None:
     asr.close()
     with pytest.raises(ValueError, match="Hugging Face Whisper folder"):
         load_asr(ASRConfig.model_validate({"backend": "transformers", "model": "/nonexistent"}))
+
+
+def test_random_shape_decodes_words_cut_at_the_speech_length(tmp_path: Path) -> None:
+    """``asr.model = "random:..."``: random weights of a shape, a bounded decode of word tokens."""
+    from engine.asr.config import ASRConfig
+    from engine.asr.torch_whisper import PAD_S, TorchWhisperASR, random_decode_tokens
+    from tests.llm.word_tokenizer import build_word_tokenizer
+
+    assert random_decode_tokens(2 * PAD_S) == 1  # no speech: the EOS step only
+    assert random_decode_tokens(2.5) == 8  # 2.0 s of speech: ceil(6.6) + EOS
+    tok = build_word_tokenizer(tmp_path / "tok")
+    config = ASRConfig.model_validate(
+        {"backend": "transformers", "model": "random:toy", "tokenizer": str(tok), "device": "cpu"}
+    )
+    asr = TorchWhisperASR.load(config)
+    assert "random weights" in asr.describe()
+    d = asr.decoder
+    audio = (0.1 * np.random.default_rng(1).standard_normal(40000)).astype(np.float32)  # 2.5 s, all loud
+    out = d.decode(audio)
+    assert 1 <= out.tokens <= random_decode_tokens(out.audio_s), out
+    assert out.text and all(w.strip(".,!?").isalpha() for w in out.text.split()), out.text
+    with pytest.raises(ValueError, match="asr.tokenizer"):
+        TorchWhisperASR.load(ASRConfig.model_validate({"backend": "transformers", "model": "random:toy"}))
+    with pytest.raises(ValueError, match="unknown random shape"):
+        TorchWhisperASR.load(
+            ASRConfig.model_validate(
+                {"backend": "transformers", "model": "random:huge", "tokenizer": str(tok)}
+            )
+        )
+    asr.close()
