@@ -179,8 +179,16 @@ class TorchWhisperDecoder:
         return str(self.graph.device)
 
     def features(self, audio: np.ndarray, frames: int) -> torch.Tensor:
-        """Log-mel ``[1, mels, frames]`` (the extractor pads to 30 s; the window keeps its first frames)."""
-        out = self.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt")
+        """Log-mel ``[1, mels, frames]``, the audio zero-padded to the window only (not to 30 s: a third of the
+        work for a 10 s window, and the same values, since the padding's frames are silence either way)."""
+        hop = int(getattr(self.feature_extractor, "hop_length", 160))
+        out = self.feature_extractor(
+            audio[: frames * hop],
+            sampling_rate=SAMPLE_RATE,
+            return_tensors="pt",
+            padding="max_length",
+            max_length=frames * hop,
+        )
         mel: torch.Tensor = out["input_features"][:, :, :N_FRAMES]
         return mel[:, :, :frames]
 

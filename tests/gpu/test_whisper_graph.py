@@ -256,3 +256,17 @@ def test_random_shape_decodes_words_cut_at_the_speech_length(tmp_path: Path) -> 
             )
         )
     asr.close()
+
+
+def test_features_padded_to_the_window_equal_the_30_s_ones() -> None:
+    from transformers import WhisperFeatureExtractor
+
+    from engine.asr.torch_whisper import TorchWhisperDecoder
+
+    fe = WhisperFeatureExtractor(feature_size=80)
+    decoder = TorchWhisperDecoder(_toy(), fe, _FakeTokenizer(), max_len=16)
+    audio = (0.1 * np.random.default_rng(3).standard_normal(35000)).astype(np.float32)
+    full = fe(audio, sampling_rate=16000, return_tensors="pt")["input_features"]
+    got = decoder.features(audio, 1000)
+    assert got.shape == (1, 80, 1000)
+    assert torch.equal(got, full[:, :, :1000])
