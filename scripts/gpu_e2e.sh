@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # The GPU end-to-end run (docs/PERFORMANCE.md, "GPU: end to end"), on the lent H200. Only 64 MiB travel per
-# device call, so it takes several calls made back to back, each while the machine is still warm (within 30 s
-# of the previous one's end): what a call leaves in ignored folders of the checkout stays there.
+# device call and the checkout there is copied afresh for every call, so the wheels are installed outside it,
+# under $STORE (/var/tmp/idolcast), which stays while the machine is warm (30 s after a call ends): two calls,
+# the second made at once after the first.
 #
 #   here, once:  python -m engine.bench.gpu_carry            # fills .whl/ .gpu/ .voice/ (ignored folders)
-#   call 1:      carry [".voice"]        bash scripts/gpu_e2e.sh info
-#   call 2:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh bench
-#   call 3:      (nothing carried)       bash scripts/gpu_e2e.sh checks
+#   call 1:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh checks
+#   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh bench
 #
-# `install` puts the wheels into .gpusite/ and unpacks the tokenizer. `bench` runs `idolcast bench` with the
-# whole pipeline: engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a
-# Qwen2.5-1.5B-shaped LLM (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p,
-# then times the voice's first chunk alone. `checks` runs tests/gpu and the stage benches
-# (engine/bench/gpu_stages.py). Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the
-# engine's 400 ms); TURNS and BARGE the bench's questions and barge-in rounds.
+# `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
+# and the stage benches (engine/bench/gpu_stages.py). `bench` runs `idolcast bench` with the whole pipeline:
+# engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
+# (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p, then times the voice's
+# first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
+# 400 ms); TURNS and BARGE the bench's questions and barge-in rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/.gpusite" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+STORE=${STORE:-/var/tmp/idolcast}
+TOKENIZER=$STORE/tokenizer
+export PYTHONPATH="$STORE/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 info() {
     { date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
@@ -27,29 +29,26 @@ info() {
 }
 
 case "${1:-}" in
-info)
-    info
-    ls -la .voice
-    ;;
 install)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpusite .whl/*.whl \
-        || exit 1
-    tar -xzf .gpu/tokenizer.tar.gz -C .gpu
+    mkdir -p "$STORE"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
+        .whl/*.whl || exit 1
+    tar -xzf .gpu/tokenizer.tar.gz -C "$STORE"
     python3 -c 'import aiortc, av, piper, silero_vad, usearch, aiomqtt, pydantic, engine.server.app; print("imports ok")'
     ;;
 checks)
     info
     python3 -m pytest -q -p no:cacheprovider tests/gpu tests/llm/test_random_and_graph_path.py -rs 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
-    python3 -m engine.bench.gpu_stages --llm --asr --tokenizer .gpu/tokenizer --out "$OUT/stages.json" 2>&1 \
+    python3 -m engine.bench.gpu_stages --llm --asr --tokenizer "$TOKENIZER" --out "$OUT/stages.json" 2>&1 \
         | tee "$OUT/stages.txt" | grep -v sample_
     ;;
 bench)
     info
-    test -d .gpusite/aiortc || { echo "no .gpusite: run 'install' first on this machine"; exit 1; }
+    test -d "$STORE/site/aiortc" || { echo "no $STORE/site: run 'install' first on this machine"; exit 1; }
     export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__MODEL=random:small IDOLCAST_ASR__DEVICE=cuda \
-        IDOLCAST_ASR__TOKENIZER=.gpu/tokenizer \
-        IDOLCAST_LLM__MODEL=random:qwen2.5-1.5b IDOLCAST_LLM__TOKENIZER=.gpu/tokenizer IDOLCAST_LLM__DEVICE=cuda \
+        IDOLCAST_ASR__TOKENIZER="$TOKENIZER" \
+        IDOLCAST_LLM__MODEL=random:qwen2.5-1.5b IDOLCAST_LLM__TOKENIZER="$TOKENIZER" IDOLCAST_LLM__DEVICE=cuda \
         IDOLCAST_LLM__DTYPE=bfloat16 IDOLCAST_LLM__MAX_NEW_TOKENS=32 \
         IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx IDOLCAST_TTS__THREADS=4 \
         IDOLCAST_AVATAR__BACKEND=cuda-graph IDOLCAST_PERSONA__ENABLED=false IDOLCAST_MQTT__ENABLED=false
@@ -72,5 +71,5 @@ EOF
     fi
     ;;
 *)
-    echo "usage: $0 info|install|bench|checks"; exit 2 ;;
+    echo "usage: $0 install|checks|bench"; exit 2 ;;
 esac

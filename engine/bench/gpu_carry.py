@@ -4,8 +4,8 @@
 
 The GPU image has torch, transformers and onnxruntime but not the rest of the pipeline: these wheels (cp312,
 manylinux, the versions of this project's lock) travel in ``.whl/``. Only 64 MiB travel per device call, so
-the run takes two calls (``scripts/gpu_e2e.sh``): the wheels and the tokenizer (packed) first, the voice
-(61 MiB) second. To fit the first call, two wheels are repacked without files the English pipeline never opens:
+the run takes two calls (``scripts/gpu_e2e.sh``): the wheels and the tokenizer (packed) first, installed
+outside the checkout, the voice (61 MiB) second. To fit the first call, two wheels are repacked without files the English pipeline never opens:
 
 * ``piper-tts``: its Hebrew (``hebrew/nakdimon.onnx``, 21 MB) and Arabic (``tashkeel/model.onnx``, 5 MB)
   diacritizer models, loaded only for Hebrew and Arabic voices, and the espeak-ng dictionaries of other
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "no dequantized SmolLM2 under var/cache/models: run `idolcast doctor` or the LLM tests once"
         )
     gpu.mkdir(exist_ok=True)
-    shutil.rmtree(gpu / "tokenizer", ignore_errors=True)  # travels packed: unpacked there by gpu_e2e.sh
+    shutil.rmtree(gpu / "tokenizer", ignore_errors=True)  # travels packed, unpacked there by gpu_e2e.sh
     with tarfile.open(gpu / "tokenizer.tar.gz", "w:gz") as tar:
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             src = caches[-1].parent / name

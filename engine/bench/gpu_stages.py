@@ -1,6 +1,6 @@
 """Stage latencies on the GPU machine through the engine's own backends, each stage alone.
 
-    python -m engine.bench.gpu_stages --llm --asr --tokenizer .gpu/tokenizer --out $OUT/stages.json
+    python -m engine.bench.gpu_stages --llm --asr --tokenizer /var/tmp/idolcast/tokenizer --out $OUT/stages.json
     python -m engine.bench.gpu_stages --tts .voice/en_US-joe-medium.onnx --out $OUT/tts.json
 
 * LLM: ``TransformersLLM`` on ``random:qwen2.5-1.5b`` (bf16), once with the CUDA-graph decode path and once
@@ -10,7 +10,7 @@
   conversation prefills the whole prompt; later turns reuse the cached prefix.
 * ASR: ``TorchWhisperASR`` on ``random:small`` (fp16, CUDA graphs): a final decode of 1.6 s of loud audio
   (the length of a bench question), cut at :func:`engine.asr.torch_whisper.random_decode_tokens`.
-* TTS: the Piper voice on the host CPU, the first chunk of a reply (5 words), 1 and 4 ONNX threads.
+* TTS: the Piper voice on the host CPU, the first chunk of a reply (5 words), 1, 4 and 8 ONNX threads.
 
 Medians of ``--repeats`` after one warm-up. A short table is printed last; everything goes to ``--out``.
 """
@@ -162,7 +162,7 @@ def bench_tts(voice: str, repeats: int) -> dict[str, Any]:
     from engine.tts.piper_backend import load_piper
 
     out: dict[str, Any] = {}
-    for threads in (1, 4):
+    for threads in (1, 4, 8):
         tts = load_piper(TTSConfig(voice=voice, threads=threads), silent_progress)  # type: ignore[call-arg]
 
         async def run(tts: Any = tts) -> list[float]:
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llm", action="store_true")
     ap.add_argument("--asr", action="store_true")
     ap.add_argument("--tts", default="", help="a Piper .onnx voice: time the first chunk's synthesis")
-    ap.add_argument("--tokenizer", default=".gpu/tokenizer")
+    ap.add_argument("--tokenizer", default="/var/tmp/idolcast/tokenizer")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
