@@ -53,7 +53,7 @@ bench)
         IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx IDOLCAST_TTS__THREADS=4 \
         IDOLCAST_AVATAR__BACKEND=cuda-graph IDOLCAST_PERSONA__ENABLED=false IDOLCAST_MQTT__ENABLED=false
     if [ -n "${EOT_MS:-}" ]; then export IDOLCAST_VAD__END_OF_TURN_SILENCE_MS=$EOT_MS; fi
-    env | grep '^IDOLCAST_' | sort > "$OUT/config.txt"
+    { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
     timeout "${BENCH_TIMEOUT:-480}" python3 -m engine.cli bench --turns "${TURNS:-20}" --barge-rounds "${BARGE:-3}" \
         --json > "$OUT/bench.json" 2> "$OUT/bench.log"
     echo "bench exit $?"
