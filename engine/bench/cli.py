@@ -114,12 +114,16 @@ def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[
     return asyncio.run(all_synth())
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @contextlib.contextmanager
 def engine_process(args: argparse.Namespace) -> Iterator[str]:
     """Start ``idolcast serve`` on a free port and wait until its models are loaded."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, mqtt_port = _free_port(), _free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port)]
     if getattr(args, "config", None):
         cmd += ["--config", args.config]
@@ -127,6 +131,7 @@ def engine_process(args: argparse.Namespace) -> Iterator[str]:
     # A fresh memory bank per run: what earlier runs taught the idol must not change this run's prompts.
     scratch = tempfile.TemporaryDirectory(prefix="idolcast-bench-")
     env.setdefault("IDOLCAST_PERSONA__MEMORY_DB", os.path.join(scratch.name, "memory.sqlite3"))
+    env.setdefault("IDOLCAST_MQTT__EMBEDDED_PORT", str(mqtt_port))  # beside a running engine's broker
     proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr)  # keep our stdout for the report
     url = f"http://127.0.0.1:{port}"
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ DEFAULT_QUESTIONS = (
 BARGE_IN_PROMPT = "Please tell me a long story about a dragon who loves to sing."
 BARGE_IN_QUESTION = "Wait, stop for a second."
 STOPPED_HOLD_S = 1.0  # quiet this long after an interjection = the reply stopped
+# Faster than the engine could possibly hear the interjection (one mic frame + one VAD window):
+# the reply went quiet by itself (a gap between its chunks) and the round measures nothing.
+MIN_REACTION_MS = 60.0
 
 
 @dataclass
@@ -211,12 +215,19 @@ async def barge_in(
     over = conn.mic.play(interjection.pcm)
     await over.done.wait()
     assert over.sent_start is not None
-    await conn.wait_event("turn_completed", 60)  # the interjection's own reply
+    story = await conn.wait_event("turn_completed", 60)
+    with contextlib.suppress(TimeoutError):
+        await conn.wait_event("turn_completed", 60)  # the interjection's own reply
     await _settle(conn)
     stop = conn.received.quiet_from(over.sent_start, hold_s=STOPPED_HOLD_S)
-    if stop is None:
+    if stop is None or not story.get("interrupted"):
+        log.info("barge-in round not counted: the reply was not interrupted")
         return None
-    return round((stop - over.sent_start) * 1000.0, 1)
+    ms = round((stop - over.sent_start) * 1000.0, 1)
+    if ms < MIN_REACTION_MS:
+        log.info("barge-in round not counted: the reply paused by itself %.0f ms after the onset", ms)
+        return None
+    return ms
 
 
 async def run_voice_bench(
@@ -231,6 +242,7 @@ async def run_voice_bench(
     await conn.open()
     turns: list[TurnResult] = []
     stops: list[float] = []
+    barge_skipped = 0
     try:
         await asyncio.sleep(0.5)
         for q in questions:
@@ -242,6 +254,8 @@ async def run_voice_bench(
                 ms = await barge_in(conn, *barge)
                 if ms is not None:
                     stops.append(ms)
+                else:
+                    barge_skipped += 1
     finally:
         await conn.close()
     v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
@@ -251,6 +265,7 @@ async def run_voice_bench(
     return {
         "voice_to_voice_ms": summarize(v2v),
         "barge_in_stop_ms": summarize(stops),
+        "barge_in_rounds_not_counted": barge_skipped,
         "wer": round(wer, 4),
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
         **video,

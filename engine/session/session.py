@@ -105,6 +105,7 @@ class _Utterance:
     stream: Any  # TranscriptStream
     paused: bool = False  # silence since the last pause: audio is held back, not appended
     held: list[np.ndarray] = field(default_factory=list)
+    ended: bool = False  # the end of the turn was detected: too late for an early reply
     finalized: bool = False
     early: _EarlyReply | None = None
 
@@ -311,7 +312,7 @@ class Session:
         """The host paused and the speculative transcript is ready: start replying now, silently."""
         if (
             not self.settings.vad.early_reply
-            or utt.finalized
+            or utt.ended
             or utt.early is not None
             or self._early is not None
             or self._speaking()
@@ -465,6 +466,7 @@ class Session:
                         speech_end = arrivals.clock_time(ev.speech_end_t)
                         self.bus.publish({"type": "speech_ended", "t": speech_end})
                         eot = arrivals.clock_time(ev.t)
+                        utt.ended = True
                         turn_owner.spawn(self._finalize(utt, speech_end, eot), "final")
                         utt = None
         finally:

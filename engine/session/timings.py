@@ -34,6 +34,7 @@ class TurnTimings:
     first_audio_sent: float | None = None
     interrupted: bool = False
     early_reply: bool = False  # the reply started on the pause, before the end of the turn
+    llm: dict[str, float] | None = None  # the in-process model's work (see reply._llm_stats)
     error: str | None = None
 
     def mark(self, stage: str, t: float) -> None:
@@ -88,12 +89,20 @@ class TurnMetrics:
                 self.stage_ms.labels(stage=stage, source=timings.source).observe(ms)
         outcome = "error" if timings.error else ("interrupted" if timings.interrupted else "ok")
         self.turns.labels(source=timings.source, outcome=outcome).inc()
+        llm = timings.llm or {}
         log.info(
-            "turn %d (%s) %s: %s",
+            "turn %d (%s) %s%s: %s%s",
             timings.turn_id,
             timings.source,
             outcome,
+            " (early reply)" if timings.early_reply else "",
             " ".join(f"{k}={v:.0f}ms" for k, v in timings.relative_ms().items()),
+            (
+                f" | llm prefilled {llm['prefilled_tokens']:.0f}/{llm['prompt_tokens']:.0f} tokens, "
+                f"{llm['tokens_per_s']:.1f} tok/s"
+                if llm
+                else ""
+            ),
         )
 
 

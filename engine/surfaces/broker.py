@@ -14,6 +14,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class BrokerStartError(RuntimeError):
+    """The embedded broker could not listen (the message says what to change)."""
+
+
 class EmbeddedBroker:
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
@@ -44,7 +48,16 @@ class EmbeddedBroker:
 
         self._thread = threading.Thread(target=run, name="mqtt-broker", daemon=True)
         self._thread.start()
-        await asyncio.wait_for(started, limit_s)
+        try:
+            await asyncio.wait_for(started, limit_s)
+        except Exception as e:
+            in_use = "address already in use" in str(e).lower() or "errno 98" in str(e).lower()
+            why = "the port is taken (another idolcast, or a mosquitto?)" if in_use else repr(e)
+            raise BrokerStartError(
+                f"the embedded MQTT broker cannot listen on {self.host}:{self.port}: {why}. Set "
+                "mqtt.embedded_port (IDOLCAST_MQTT__EMBEDDED_PORT) to a free port, point mqtt.url at a "
+                "running broker, or turn MQTT off with mqtt.enabled = false"
+            ) from None
         log.info("embedded MQTT broker on %s:%d", self.host, self.port)
 
     async def _serve(self, report: Any) -> None:

@@ -13,7 +13,7 @@ class TTSConfig(BaseModel):
     first_chunk_min_words: int = Field(default=2, ge=1, le=20)
     max_chunk_words: int = Field(default=40, ge=5, le=200)
     first_chunk_max_words: int = Field(
-        default=5,
+        default=4,
         ge=2,
         le=200,
         description="the first chunk is cut after this many words even without punctuation (fast first audio)",
