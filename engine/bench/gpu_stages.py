@@ -60,6 +60,9 @@ async def _reply(llm: Any, messages: list[Any], key: str) -> dict[str, Any]:
     s = llm.last_call
     decode = (s.generated_tokens - 1) / max(s.elapsed_s - (s.ttft_s or 0.0), 1e-9)
     return {
+        "encoded_ms": (s.encoded_s or 0.0) * 1e3,
+        "prefill_queued_ms": (s.prefill_queued_s or 0.0) * 1e3,
+        "first_token_ms": (s.first_token_s or 0.0) * 1e3,
         "ttft_ms": (s.ttft_s or 0.0) * 1e3,
         "first_chunk_ms": (first_chunk if first_chunk is not None else float("nan")) * 1e3,
         "decode_tok_s": decode,
@@ -112,7 +115,16 @@ def bench_llm(tokenizer: str, repeats: int) -> dict[str, Any]:
             **{
                 f"{label}_{k}": _median([r[k] for r in rows])
                 for label, rows in (("turn1", cold), ("turn2", warm))
-                for k in ("ttft_ms", "first_chunk_ms", "decode_tok_s", "prompt_tokens", "prefilled_tokens")
+                for k in (
+                    "encoded_ms",
+                    "prefill_queued_ms",
+                    "first_token_ms",
+                    "ttft_ms",
+                    "first_chunk_ms",
+                    "decode_tok_s",
+                    "prompt_tokens",
+                    "prefilled_tokens",
+                )
             },
             "sample_reply": cold[0]["text"],
         }

@@ -58,6 +58,11 @@ class CallStats:
     prefilled_tokens: int = 0
     generated_tokens: int = 0
     ttft_s: float | None = None  # worker start to the first text piece handed over
+    # Where the time to the first piece went (seconds from the worker's start): the prompt tokenized, the
+    # prefill's work queued (on CUDA it runs asynchronously), the first token sampled (a host sync).
+    encoded_s: float | None = None
+    prefill_queued_s: float | None = None
+    first_token_s: float | None = None
     elapsed_s: float = 0.0
     stop_reason: str = ""  # "eos" | "max_new_tokens" | "cancelled" | "error"
     reply_ids: list[int] = field(default_factory=list, repr=False)
@@ -287,7 +292,11 @@ class TransformersLLM:
         """The prompt token ids: the tokenizer's chat template with the assistant turn opened."""
         with self._tok_lock:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.logit_bias is not None:  # a random shape's tokenizer may know ids its model has not
+            vocab = int(self.logit_bias.shape[-1])
+            ids = [i if i < vocab else 0 for i in ids]
+        return ids
 
     def _decode(self, ids: list[int]) -> str:
         with self._tok_lock:
@@ -400,6 +409,7 @@ class TransformersLLM:
         self, messages: list[ChatMessage], entry: CacheEntry | None, chan: _Channel, stats: CallStats
     ) -> CacheEntry:
         ids = self.encode_chat(messages)
+        stats.encoded_s = time.perf_counter() - stats.started
         stats.prompt_tokens = len(ids)
         self._check_length(len(ids), self.max_positions, "the model's")
         # Reuse the longest common prefix; at least one token must be fed to get logits.
@@ -427,6 +437,7 @@ class TransformersLLM:
             stats.prefilled_tokens += len(chunk)
             self.prefilled_tokens += len(chunk)
         assert logits is not None
+        stats.prefill_queued_s = time.perf_counter() - stats.started
 
         def feed(token: int) -> torch.Tensor:
             out = self._forward([token], cache)
@@ -464,6 +475,8 @@ class TransformersLLM:
                 token = int(torch.argmax(logits, dim=-1))
             else:
                 token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1))
+            if stats.first_token_s is None:
+                stats.first_token_s = time.perf_counter() - stats.started
             reply.append(token)
             stats.reply_ids.append(token)
             stats.generated_tokens += 1
@@ -491,6 +504,7 @@ class TransformersLLM:
         slots = self.graph_slots
         assert slots is not None
         ids = self.encode_chat(messages)
+        stats.encoded_s = time.perf_counter() - stats.started
         stats.prompt_tokens = len(ids)
         self._check_length(len(ids), slots.max_len, "the CUDA-graph KV cache's", " (llm.cuda_graph_max_len)")
         slot = slots.take(ids, chan.stop)
@@ -522,6 +536,7 @@ class TransformersLLM:
             stats.prefilled_tokens += len(chunk)
             self.prefilled_tokens += len(chunk)
         assert logits is not None
+        stats.prefill_queued_s = time.perf_counter() - stats.started
 
         def feed(token: int) -> torch.Tensor:
             out = dec.step(token)  # the graph's static buffer: copy before the next step

@@ -76,6 +76,20 @@ def test_speakable_ids_are_words_below_the_model_vocabulary(tokenizer_dir: Path)
     assert all(WORDS.fullmatch(t) for t in texts)
 
 
+async def test_random_shape_feeds_ids_beyond_its_vocabulary_as_0(tokenizer_dir: Path) -> None:
+    llm = tiny(tokenizer_dir)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    assert tok.convert_tokens_to_ids("dolo") >= 512  # a word of the tokenizer the tiny model has no row for
+    ids = llm.encode_chat(chat("dolo baba"))
+    assert max(ids) < 512 and 0 in ids
+    assert await collect(llm.stream(chat("dolo"))) is not None
+    s = llm.last_call
+    assert s.encoded_s is not None and s.prefill_queued_s is not None and s.first_token_s is not None
+    assert s.encoded_s <= s.prefill_queued_s <= s.first_token_s
+
+
 async def test_random_shape_streams_a_speakable_bounded_reply(tokenizer_dir: Path) -> None:
     import torch
 
