@@ -31,6 +31,18 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=10, help="number of questions (default 10)")
     p.add_argument("--barge-rounds", type=int, default=3, help="barge-in measurements (0 to skip)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--client-jitter-frames",
+        type=int,
+        default=2,
+        help="20 ms frames the bench's receiver holds the reply audio before playing it: 2 (40 ms) is what "
+        "Chromium held on average in --browser-jitter here (39 ms); aiortc's own default is 4",
+    )
+    p.add_argument(
+        "--browser-jitter",
+        action="store_true",
+        help="measure Chromium's receive jitter buffer on the idol's audio (needs /usr/bin/chromium)",
+    )
     p.add_argument("--render", action="store_true", help="frame-generation ms per frame per backend")
     p.add_argument("--memory", action="store_true", help="persona memory bank recall and search latency")
     p.add_argument("--backends", help="--render: comma-separated backends (default: all available)")
@@ -49,6 +61,10 @@ def run_bench(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_memory_bench_cli(args, settings)
     preload_native_modules()
+    if args.browser_jitter:
+        report = asyncio.run(_browser_jitter(args))
+        print(json.dumps(report, indent=2) if args.json else report)
+        return 0
     questions, barge = build_questions(args, settings)
     report = asyncio.run(_voice(args, settings, questions, barge))
     if args.json:
@@ -175,14 +191,25 @@ async def _voice(
     from engine.bench.voice import run_voice_bench
 
     rounds = args.barge_rounds
+    character = settings.avatar.character
+    jitter = args.client_jitter_frames
     if args.url:
         wait_ready(args.url)
         return await run_voice_bench(
-            args.url, questions, barge if rounds else None, rounds, settings.avatar.character
+            args.url, questions, barge if rounds else None, rounds, character, jitter
         )
-    character = settings.avatar.character
     with engine_process(args) as url:
-        return await run_voice_bench(url, questions, barge if rounds else None, rounds, character)
+        return await run_voice_bench(url, questions, barge if rounds else None, rounds, character, jitter)
+
+
+async def _browser_jitter(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.bench.browser_receiver import measure_browser_jitter
+
+    if args.url:
+        wait_ready(args.url)
+        return await measure_browser_jitter(args.url)
+    with engine_process(args) as url:
+        return await measure_browser_jitter(url)
 
 
 def print_table(report: dict[str, Any]) -> None:

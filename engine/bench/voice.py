@@ -21,6 +21,7 @@ from engine.bench.stats import summarize
 from engine.bench.video import ReceivedVideo, frame_rate, receiver_timeline, record_video
 from engine.clock import MediaClock
 from engine.tasks import TaskOwner
+from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,11 @@ class TurnResult:
 class EngineConnection:
     """One bench session against a running engine: peer connection + event socket."""
 
-    def __init__(self, url: str, clock: MediaClock, character: str = "builtin:default") -> None:
+    def __init__(
+        self, url: str, clock: MediaClock, character: str = "builtin:default", jitter_frames: int = 4
+    ) -> None:
         self.url = url.rstrip("/")
+        self.jitter_frames = jitter_frames
         self.clock = clock
         self.pc = RTCPeerConnection()
         self.mic = QuestionTrack(clock)
@@ -87,6 +91,8 @@ class EngineConnection:
         @self.pc.on("track")
         def on_track(track: Any) -> None:
             if track.kind == "audio":
+                if self.jitter_frames != 4:  # aiortc's own default
+                    set_receive_jitter(self.pc, track, self.jitter_frames)
                 self._owner.spawn(record_audio(track, self.clock, self.received), "record-audio")
             else:
                 self._owner.spawn(record_video(track, self.clock, self.video, self.character), "record-video")
@@ -189,7 +195,7 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
 
 
 async def barge_in(
-    conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
+    conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 0.3
 ) -> float | None:
     """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver.
 
@@ -236,9 +242,10 @@ async def run_voice_bench(
     barge: tuple[Question, Question] | None,
     barge_rounds: int = 3,
     character: str = "builtin:default",
+    client_jitter_frames: int = 2,
 ) -> dict[str, Any]:
     clock = MediaClock()
-    conn = EngineConnection(url, clock, character)
+    conn = EngineConnection(url, clock, character, jitter_frames=client_jitter_frames)
     await conn.open()
     turns: list[TurnResult] = []
     stops: list[float] = []
@@ -266,6 +273,7 @@ async def run_voice_bench(
         "voice_to_voice_ms": summarize(v2v),
         "barge_in_stop_ms": summarize(stops),
         "barge_in_rounds_not_counted": barge_skipped,
+        "client_jitter_frames": client_jitter_frames,
         "wer": round(wer, 4),
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
         **video,

@@ -12,7 +12,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from engine.server.engine import Engine
 from engine.server.errors import APIError
 from engine.session.session import Session
-from engine.transport.mic_in import set_mic_jitter
+from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class PeerManager:
         @pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio":
-                set_mic_jitter(pc, track, self.engine.settings.server.mic_jitter_frames)
+                set_receive_jitter(pc, track, self.engine.settings.server.mic_jitter_frames)
                 session.attach_mic(track)
 
         @pc.on("connectionstatechange")

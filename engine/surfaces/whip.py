@@ -23,7 +23,7 @@ from engine.server.errors import APIError
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session
 from engine.surfaces.sdp_http import rtc_configuration
-from engine.transport.mic_in import set_mic_jitter
+from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class WHIPServer:
             nonlocal attached
             if track.kind == "audio" and not attached:
                 attached = True
-                set_mic_jitter(pc, track, self.engine.settings.server.mic_jitter_frames)
+                set_receive_jitter(pc, track, self.engine.settings.server.mic_jitter_frames)
                 session.attach_mic(track)
 
         @pc.on("connectionstatechange")

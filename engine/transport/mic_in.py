@@ -22,8 +22,8 @@ MIC_RATE = 16000
 _RECEIVER_JITTER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's own, private
 
 
-def set_mic_jitter(pc: RTCPeerConnection, track: MediaStreamTrack, frames: int) -> bool:
-    """Hold the host's mic in a jitter buffer of ``frames`` 20 ms frames instead of aiortc's 4.
+def set_receive_jitter(pc: RTCPeerConnection, track: MediaStreamTrack, frames: int) -> bool:
+    """Hold a received audio track (the host's mic) in a jitter buffer of ``frames`` 20 ms frames, not aiortc's 4.
 
     aiortc releases an audio packet only once ``prefetch`` later frames have arrived: 80 ms before
     the VAD hears the host stop (or start) speaking. On a LAN one frame is enough; a packet that

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 _SLOW_RTF = 1.0  # warn when synthesis runs slower than real time
 
 
+LEAD_QUIET = 300  # int16 amplitude (about -40 dBFS): quieter than this is no speech yet
+LEAD_KEEP_S = 0.005  # of the opening pause kept before the first sound
+
+
 def _empty() -> Synthesis:
     return Synthesis(pcm=np.zeros(0, dtype=np.int16), phonemes=(), words=())
 
@@ -143,6 +147,11 @@ class PiperTTS:
             offset += len(audio)
         pcm = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int16)
         units = alignment.merge_sentences(sentences) if aligned else []
+        cut = _lead_to_trim(pcm, units, self._rate)
+        if cut:  # the voice's opening pause is dead air before the first word: the reply starts sooner
+            pcm = pcm[cut:]
+            units = [alignment.Unit(u.phoneme, max(0, u.start - cut), u.end - cut, u.group) for u in units]
+            counted -= cut if aligned else 0
         return SourceSpeech(text=text, pcm=pcm, rate=self._rate, units=units, counted_samples=counted)
 
     def to_output(self, source: SourceSpeech) -> Synthesis:
@@ -176,6 +185,18 @@ class PiperTTS:
                 if not in_word:
                     words, in_word = words + 1, True
         return words, phonemes
+
+
+def _lead_to_trim(pcm: np.ndarray, units: list[alignment.Unit], rate: int) -> int:
+    """Samples of quiet to cut from the start: inside the opening pause only (never a phoneme), up
+    to the first audible sample, keeping ``LEAD_KEEP_S`` of it."""
+    if len(pcm) == 0:
+        return 0
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > LEAD_QUIET)
+    first = int(loud[0]) if len(loud) else 0
+    if units:
+        first = min(first, units[0].end if units[0].group == -1 else 0)
+    return max(0, first - int(LEAD_KEEP_S * rate))
 
 
 def _session_with_threads(model: Path, threads: int) -> Any:

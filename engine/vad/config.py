@@ -21,7 +21,7 @@ class VADConfig(BaseModel):
     )
     min_speech_ms: int = Field(150, ge=0, le=2000, description="speech shorter than this is ignored")
     barge_in_min_speech_ms: int = Field(
-        90,
+        64,
         ge=0,
         le=2000,
         description="speech this long while the idol talks interrupts her (shorter than a turn start, "

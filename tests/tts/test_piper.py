@@ -154,3 +154,12 @@ def test_bad_voice_settings_name_the_key(tmp_path: Path) -> None:
         resolve_voice("bundled:nobody")
     with pytest.raises(ConfigError, match="tts.voice"):
         resolve_voice(str(tmp_path / "missing.onnx"))
+
+
+def test_opening_pause_is_trimmed_without_touching_the_first_phoneme(tts: PiperTTS) -> None:
+    src = tts.speak_source("Hello there, friends.")
+    loud = np.flatnonzero(np.abs(src.pcm.astype(np.int32)) > 300)
+    assert len(loud) and loud[0] / src.rate <= 0.012, "at most ~10 ms of quiet before the first sound"
+    first_phoneme = next(u for u in src.units if u.group != -1)
+    assert first_phoneme.start <= loud[0] + 1  # the first sound is inside a phoneme, not a pause
+    assert src.units[-1].end == len(src.pcm) == src.counted_samples  # alignments still add up exactly
