@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,13 +123,17 @@ class TransformersStream:
             raise StopAsyncIteration
         if self._chan is None:
             self._chan = _Channel(asyncio.get_running_loop())
-            self.thread = threading.Thread(
-                target=self._llm._worker,
-                args=(self._messages, self._key, self._chan),
-                name="llm-decode",
-                daemon=True,
-            )
-            self.thread.start()
+            workers = self._llm.cuda_workers
+            if workers is not None:  # CUDA: a long-lived worker thread (see TransformersLLM.cuda_workers)
+                workers.submit(self._llm._worker, self._messages, self._key, self._chan)
+            else:
+                self.thread = threading.Thread(
+                    target=self._llm._worker,
+                    args=(self._messages, self._key, self._chan),
+                    name="llm-decode",
+                    daemon=True,
+                )
+                self.thread.start()
         try:
             item = await self._chan.queue.get()
         except asyncio.CancelledError:
@@ -255,10 +260,24 @@ class TransformersLLM:
         self.reused_tokens = 0
         self.generated_tokens = 0
         self.last_call = CallStats()
+        # On CUDA the worker threads live as long as the model: the first CUDA work of a new thread cost
+        # 75-90 ms of every reply's time to first token on the H200 (docs/PERFORMANCE.md, GPU stages).
+        self.cuda_workers: ThreadPoolExecutor | None = None
+        if self.device == "cuda":
+            self.cuda_workers = ThreadPoolExecutor(
+                max_workers=max(4, 2 * self.config.cuda_graph_slots), thread_name_prefix="llm-decode"
+            )
         self.graph_slots = self._graph_slots(progress)
         if warmup:
-            with torch.inference_mode():
-                self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
+
+            def warm_forward() -> None:
+                with torch.inference_mode():
+                    self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
+
+            if self.cuda_workers is not None:
+                self.cuda_workers.submit(warm_forward).result()
+            else:
+                warm_forward()
 
     # ---- the LLM protocol ---------------------------------------------------------------
 
@@ -332,8 +351,16 @@ class TransformersLLM:
         except NotImplementedError as e:
             log.warning("llm: no CUDA-graph decode for this model (%s): eager decode with a DynamicCache", e)
             return None
-        with torch.inference_mode():
-            slots.warm(self.stop_ids[0] if self.stop_ids else 0)
+        token = self.stop_ids[0] if self.stop_ids else 0
+
+        def warm() -> None:
+            with torch.inference_mode():
+                slots.warm(token)
+
+        if self.cuda_workers is not None:  # in the thread that will serve the first reply
+            self.cuda_workers.submit(warm).result()
+        else:
+            warm()
         progress(
             "llm",
             f"CUDA-graph decode captured ({cfg.cuda_graph_slots} caches, "
