@@ -37,6 +37,7 @@ from engine.llm.graph_kv import GraphSlot, GraphSlots
 from engine.llm.hf_models import load_model, pick_device, pick_dtype, resolve_source
 from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len, crop_cache
 from engine.llm.random_model import speakable_bias
+from engine.llm.workers import warmed_pool
 from engine.progress import Progress, silent_progress
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class TransformersStream:
         if self._chan is None:
             self._chan = _Channel(asyncio.get_running_loop())
             workers = self._llm.cuda_workers
-            if workers is not None:  # CUDA: a long-lived worker thread (see TransformersLLM.cuda_workers)
+            if workers is not None:  # CUDA: one of the long-lived, warmed worker threads
                 workers.submit(self._llm._worker, self._messages, self._key, self._chan)
             else:
                 self.thread = threading.Thread(
@@ -260,24 +261,20 @@ class TransformersLLM:
         self.reused_tokens = 0
         self.generated_tokens = 0
         self.last_call = CallStats()
-        # On CUDA the worker threads live as long as the model: the first CUDA work of a new thread cost
-        # 75-90 ms of every reply's time to first token on the H200 (docs/PERFORMANCE.md, GPU stages).
+        self.graph_slots = self._graph_slots(progress)
+
+        def warm_forward() -> None:
+            with torch.inference_mode():
+                self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
+
+        # On CUDA the worker threads live as long as the model, each warmed now: a reply on a thread that had
+        # done no CUDA work took 75-90 ms longer to its first token on the H200 (engine/llm/workers.py).
         self.cuda_workers: ThreadPoolExecutor | None = None
         if self.device == "cuda":
-            self.cuda_workers = ThreadPoolExecutor(
-                max_workers=max(4, 2 * self.config.cuda_graph_slots), thread_name_prefix="llm-decode"
-            )
-        self.graph_slots = self._graph_slots(progress)
-        if warmup:
-
-            def warm_forward() -> None:
-                with torch.inference_mode():
-                    self._forward([self.stop_ids[0] if self.stop_ids else 0], self._new_cache())
-
-            if self.cuda_workers is not None:
-                self.cuda_workers.submit(warm_forward).result()
-            else:
-                warm_forward()
+            workers = max(4, 2 * self.config.cuda_graph_slots)
+            self.cuda_workers = warmed_pool(workers, warm_forward)
+        elif warmup:
+            warm_forward()
 
     # ---- the LLM protocol ---------------------------------------------------------------
 
@@ -351,16 +348,8 @@ class TransformersLLM:
         except NotImplementedError as e:
             log.warning("llm: no CUDA-graph decode for this model (%s): eager decode with a DynamicCache", e)
             return None
-        token = self.stop_ids[0] if self.stop_ids else 0
-
-        def warm() -> None:
-            with torch.inference_mode():
-                slots.warm(token)
-
-        if self.cuda_workers is not None:  # in the thread that will serve the first reply
-            self.cuda_workers.submit(warm).result()
-        else:
-            warm()
+        with torch.inference_mode():
+            slots.warm(self.stop_ids[0] if self.stop_ids else 0)
         progress(
             "llm",
             f"CUDA-graph decode captured ({cfg.cuda_graph_slots} caches, "
