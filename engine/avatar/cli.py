@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
 
 
@@ -12,7 +13,7 @@ def cmd_build_trt(args: argparse.Namespace, settings: Settings) -> int:
     from engine.avatar.backends.base import BackendUnavailable
     from engine.avatar.backends.tensorrt import build_trt_plans
 
-    profiles = args.profiles.split(",") if args.profiles else [settings.avatar.profile]
+    profiles = args.profiles.split(",") if args.profiles else [resolve_profile(settings.avatar.profile)]
     batches = [int(b) for b in args.batches.split(",")]
     print(f"building TensorRT plans for {profiles} × batch {batches} ({args.precision}) into {args.out}/ ...")
     try:

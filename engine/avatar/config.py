@@ -9,7 +9,10 @@ class AvatarConfig(BaseModel):
     enabled: bool = True
     character: str = Field("builtin:default", description="'builtin:default', a rig folder or a .psd")
     backend: Literal["auto", "torch", "cuda-graph", "onnxruntime", "tensorrt"] = "auto"
-    profile: Literal["720p", "1080p", "portrait", "square", "360p"] = "720p"
+    profile: Literal["auto", "720p", "1080p", "portrait", "square", "360p"] = Field(
+        "auto",
+        description="output size; 'auto' = 720p with a CUDA GPU or 8+ cores, 360p on smaller CPU machines",
+    )
     articulation_lead_ms: float = Field(20.0, ge=-100, le=200, description="lips lead the sound by this")
     packed_alpha: bool = Field(False, description="send colour|alpha side by side for OBS transparency")
     background: str = Field("#00000000", description="RGBA hex background when not packing alpha")

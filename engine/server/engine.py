@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from engine.avatar.attach import attach_avatar
 from engine.avatar.live import RenderPool, renderer_factory
+from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
@@ -83,6 +84,7 @@ class Engine:
         self.on_session_closed: list[SessionHook] = []
         self.render_pool: RenderPool | None = None
         if settings.avatar.enabled:
+            settings.avatar.profile = resolve_profile(settings.avatar.profile)  # type: ignore[assignment]
             self.render_pool = RenderPool(renderer_factory(settings.avatar))
             self.on_session_created.append(self._attach_avatar)
 
