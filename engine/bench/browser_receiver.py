@@ -17,19 +17,8 @@ import wave
 from pathlib import Path
 from typing import Any
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
+from engine.bench.chromium import CHROMIUM, FLAGS
+
 PROMPTS = ("Tell the viewers a short story about a cat.", "Say something nice about music.")
 
 # The page keeps its peer connection to itself: note every one it makes.
@@ -72,7 +61,9 @@ def _say(url: str, session: str, text: str) -> None:
         pass
 
 
-async def measure_browser_jitter(url: str, reply_wait_s: float = 12.0) -> dict[str, Any]:
+async def measure_browser_jitter(
+    url: str, prompts: tuple[str, ...] = PROMPTS, reply_wait_s: float = 12.0
+) -> dict[str, Any]:
     """Connect Chromium's talk page (silent fake mic), have the idol speak, read the audio receiver's stats."""
     from playwright.async_api import async_playwright
 
@@ -98,7 +89,7 @@ async def measure_browser_jitter(url: str, reply_wait_s: float = 12.0) -> dict[s
                 except Exception:
                     error = await page.text_content("#error")
                     raise RuntimeError(f"the talk page did not connect: {error!r}") from None
-                for text in PROMPTS:
+                for text in prompts:
                     await asyncio.to_thread(_say, url, session, text)
                     await asyncio.sleep(reply_wait_s)
                 stats = await page.evaluate(STATS_JS)

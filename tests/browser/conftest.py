@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine.bench.chromium import CHROMIUM, FLAGS, HAVE_CHROMIUM
 from engine.models import EngineModels
 from tests.surfaces.harness import shared_models
-
-CHROMIUM = "/usr/bin/chromium"
-HAVE_CHROMIUM = os.path.exists(CHROMIUM)
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ def free_port() -> int:
 
 def base_settings() -> Settings:
     s = load_settings(environ={})
-    s.avatar.enabled = False  # TODO(lead's video track): enable once session.video_track lands
+    s.avatar.enabled = False  # video only in the tests that look at it (it costs CPU)
     s.mqtt.enabled = False
     s.llm.temperature = 0.0
     s.llm.max_new_tokens = 24
