@@ -111,6 +111,44 @@ def frame_rate(arrivals: list[float], skip_s: float = 2.0) -> dict[str, Any]:
     }
 
 
+@dataclass
+class SenderReports:
+    """RTCP sender reports the client received, per track kind: (NTP seconds, RTP timestamp) pairs.
+
+    A browser plays audio and video in sync by these: both tracks' RTP times map to the sender's one
+    wall clock (aiortc pairs the NTP time at which a packet left with that packet's RTP timestamp).
+    """
+
+    pairs: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: {"audio": [], "video": []})
+
+    def attach(self, pc: Any) -> None:
+        """Note the sender reports arriving at each of ``pc``'s receivers (the bench's own peer)."""
+        from aiortc.rtp import RtcpSrPacket
+
+        for receiver in pc.getReceivers():
+            kind = receiver.track.kind if receiver.track is not None else None
+            if kind not in self.pairs:
+                continue
+            original = receiver._handle_rtcp_packet
+
+            async def noting(packet: Any, original: Any = original, kind: str = kind) -> None:
+                if isinstance(packet, RtcpSrPacket):
+                    ntp = packet.sender_info.ntp_timestamp
+                    self.pairs[kind].append(
+                        ((ntp >> 32) + (ntp & 0xFFFFFFFF) / 2**32, packet.sender_info.rtp_timestamp)
+                    )
+                await original(packet)
+
+            receiver._handle_rtcp_packet = noting
+
+    def offset(self, kind: str, rate: int) -> float | None:
+        """Sender wall time minus RTP time in seconds (median over the reports), or None without any."""
+        pairs = self.pairs[kind]
+        if not pairs:
+            return None
+        return float(np.median([ntp - rtp / rate for ntp, rtp in pairs]))
+
+
 def receiver_timeline(arrivals: list[float], media_s: list[float]) -> float:
     """The constant delay that puts media time on the receiver's clock (10th percentile)."""
     d = np.asarray(arrivals) - np.asarray(media_s)

@@ -18,7 +18,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from engine.asr.wer import word_error_rate
 from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
 from engine.bench.stats import summarize
-from engine.bench.video import ReceivedVideo, frame_rate, receiver_timeline, record_video
+from engine.bench.video import ReceivedVideo, SenderReports, frame_rate, receiver_timeline, record_video
 from engine.clock import MediaClock
 from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
@@ -78,6 +78,7 @@ class EngineConnection:
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._owner = TaskOwner("bench")
         self.video = ReceivedVideo()
+        self.sender_reports = SenderReports()
         self.character = character
         self.session_id = ""
         self._http: aiohttp.ClientSession | None = None
@@ -106,6 +107,7 @@ class EngineConnection:
                 raise RuntimeError(f"offer refused: {r.status} {body}")
         self.session_id = body["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        self.sender_reports.attach(self.pc)
         self._owner.spawn(self._read_events(), "events")
         for _ in range(200):
             if self.pc.connectionState == "connected":
@@ -294,15 +296,27 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
         return report
     cv = receiver_timeline(v.arrivals, v.pts)
     ca = receiver_timeline(a.times, a.pts_s)
-    video_t = np.asarray(v.pts) + cv
     audio = np.concatenate(a.pcm)
-    offsets = offsets_per_reply(video_t, v.mouth, audio, a.pts_s[0] + ca, replies, fps=30.0)
+    # Each track on its own arrival delay: a player that does not sync audio and video.
+    unsynced = offsets_per_reply(np.asarray(v.pts) + cv, v.mouth, audio, a.pts_s[0] + ca, replies, fps=30.0)
+    # Video placed where the audio of the same sender time plays (RTCP sender reports): what a browser does.
+    off_a, off_v = conn.sender_reports.offset("audio", 48000), conn.sender_reports.offset("video", 90000)
+    synced = None
+    if off_a is not None and off_v is not None:
+        video_t = np.asarray(v.pts) + off_v + (ca - off_a)
+        synced = offsets_per_reply(video_t, v.mouth, audio, a.pts_s[0] + ca, replies, fps=30.0)
+    offsets = synced if synced is not None else unsynced
     s = summarize_offsets(offsets)
     report["lipsync_offset_ms"] = {k: (round(x, 1) if isinstance(x, float) else x) for k, x in s.items()}
+    report["lipsync_receiver"] = "synced by RTCP sender reports" if synced is not None else "unsynced (no SR)"
     report["lipsync_offset_frames_mean"] = round(s["mean"] * 30 / 1000.0, 2) if s["n"] else None
     report["lipsync_per_reply"] = [
         {"offset_ms": round(o.offset_ms, 1), "confidence": round(o.confidence, 2)} for o in offsets
     ]
+    u = summarize_offsets(unsynced)
+    report["lipsync_offset_unsynced_ms"] = {
+        k: (round(x, 1) if isinstance(x, float) else x) for k, x in u.items()
+    }
     return report
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -199,6 +200,14 @@ def _lead_to_trim(pcm: np.ndarray, units: list[alignment.Unit], rate: int) -> in
     return max(0, first - int(LEAD_KEEP_S * rate))
 
 
+def voice_threads(setting: int) -> int:
+    """ONNX Runtime threads for the voice (``tts.threads``; 0 = auto)."""
+    if setting > 0:
+        return setting
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 4 else min(4, cores // 4)
+
+
 def _session_with_threads(model: Path, threads: int) -> Any:
     """The voice's ONNX session (patched for alignments, as Piper does) with a bounded thread pool:
     on a small machine the voice must not fight the LLM and the renderer for every core."""
@@ -229,8 +238,7 @@ def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
         from piper import PiperVoice
 
         voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
-        if config.threads > 0:
-            voice.session = _session_with_threads(model, config.threads)
+        voice.session = _session_with_threads(model, voice_threads(config.threads))
         speakers = int(voice.config.num_speakers)
         if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
             raise ConfigError(

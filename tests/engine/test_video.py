@@ -63,6 +63,9 @@ async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_serv
         assert np.percentile(before, 90) < rest + 0.03, "and stays shut while she is silent"
         report = video_report(conn, [(start, end)])
         assert report["fps_mean"] is not None and report["fps_mean"] > 5
+        # both tracks' RTCP sender reports arrived, so lip sync is read as a syncing browser would play it
+        assert conn.sender_reports.pairs["audio"] and conn.sender_reports.pairs["video"]
+        assert report["lipsync_receiver"] == "synced by RTCP sender reports"
         offset = report["lipsync_offset_ms"]
         if offset["n"]:  # the bench holds the real target; here only a sanity bound
             assert abs(offset["mean"]) < 200

@@ -160,6 +160,8 @@ def test_opening_pause_is_trimmed_without_touching_the_first_phoneme(tts: PiperT
     src = tts.speak_source("Hello there, friends.")
     loud = np.flatnonzero(np.abs(src.pcm.astype(np.int32)) > 300)
     assert len(loud) and loud[0] / src.rate <= 0.012, "at most ~10 ms of quiet before the first sound"
-    first_phoneme = next(u for u in src.units if u.group != -1)
-    assert first_phoneme.start <= loud[0] + 1  # the first sound is inside a phoneme, not a pause
+    # only the opening pause was cut (the voice is stochastic: its first sound may start a few ms before
+    # the first phoneme's aligned start, so the cut stops short of both)
+    assert src.units[0].group == -1 and src.units[0].end >= int(0.005 * src.rate) - 1
+    assert next(u for u in src.units if u.group != -1).start == src.units[0].end
     assert src.units[-1].end == len(src.pcm) == src.counted_samples  # alignments still add up exactly

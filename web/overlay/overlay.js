@@ -37,7 +37,7 @@ function addCaption(ev) {
     span.className = "w";
     span.textContent = w.w;
     line.append(span, document.createTextNode(i < words.length - 1 ? " " : ""));
-    state.words.push({ el: span, w: w.w, start: w.start, end: w.end, done: false });
+    state.words.push({ el: span, w: w.w, start: w.start, end: w.end, done: false, first: i === 0 });
   });
   if (capEl.childNodes.length) capEl.append(document.createTextNode(" "));
   capEl.append(line);
@@ -55,7 +55,9 @@ function tick() {
       if (now >= start && !w.done) {
         w.done = true;
         w.el.classList.add("spoken");
-        state.highlights.push({ w: w.w, start: w.start, at: (now - state.clock.offsetMs - state.clock.delayMs) / 1000 });
+        state.highlights.push({
+          w: w.w, start: w.start, first: w.first, at: (now - state.clock.offsetMs - state.clock.delayMs) / 1000,
+        });
       }
     }
     const last = state.words[state.words.length - 1];
