@@ -120,6 +120,7 @@ class SenderReports:
     """
 
     pairs: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: {"audio": [], "video": []})
+    receivers: dict[str, Any] = field(default_factory=dict)
 
     def attach(self, pc: Any) -> None:
         """Note the sender reports arriving at each of ``pc``'s receivers (the bench's own peer)."""
@@ -129,6 +130,7 @@ class SenderReports:
             kind = receiver.track.kind if receiver.track is not None else None
             if kind not in self.pairs:
                 continue
+            self.receivers[kind] = receiver
             original = receiver._handle_rtcp_packet
 
             async def noting(packet: Any, original: Any = original, kind: str = kind) -> None:
@@ -142,11 +144,22 @@ class SenderReports:
             receiver._handle_rtcp_packet = noting
 
     def offset(self, kind: str, rate: int) -> float | None:
-        """Sender wall time minus RTP time in seconds (median over the reports), or None without any."""
+        """Sender wall time minus the received frames' pts in seconds (median over the reports), or None.
+
+        aiortc's receiver hands frames out with pts counted from the track's first RTP timestamp
+        (its ``TimestampMapper``); the reports carry raw RTP timestamps, so they are rebased the same way.
+        """
         pairs = self.pairs[kind]
-        if not pairs:
+        mapper = getattr(self.receivers.get(kind), "_RTCRtpReceiver__timestamp_mapper", None)
+        origin = getattr(mapper, "_origin", None)
+        if not pairs or not isinstance(origin, int):
             return None
-        return float(np.median([ntp - rtp / rate for ntp, rtp in pairs]))
+
+        def pts(rtp: int) -> int:  # as the mapper counts it (its origin moves down 2**32 on a wrap)
+            mapped = rtp - origin
+            return mapped + 2**32 if mapped < 0 else mapped
+
+        return float(np.median([ntp - pts(rtp) / rate for ntp, rtp in pairs]))
 
 
 def receiver_timeline(arrivals: list[float], media_s: list[float]) -> float:

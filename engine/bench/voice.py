@@ -305,6 +305,8 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
     if off_a is not None and off_v is not None:
         video_t = np.asarray(v.pts) + off_v + (ca - off_a)
         synced = offsets_per_reply(video_t, v.mouth, audio, a.pts_s[0] + ca, replies, fps=30.0)
+        # how far syncing moves the video against its own arrival (jitter buffers, encode time)
+        report["lipsync_sync_shift_ms"] = round((off_v + ca - off_a - cv) * 1000.0, 1)
     offsets = synced if synced is not None else unsynced
     s = summarize_offsets(offsets)
     report["lipsync_offset_ms"] = {k: (round(x, 1) if isinstance(x, float) else x) for k, x in s.items()}

@@ -66,6 +66,8 @@ async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_serv
         # both tracks' RTCP sender reports arrived, so lip sync is read as a syncing browser would play it
         assert conn.sender_reports.pairs["audio"] and conn.sender_reports.pairs["video"]
         assert report["lipsync_receiver"] == "synced by RTCP sender reports"
+        # syncing moves the video by buffering and encode time, never by seconds (a mapping gone wrong)
+        assert abs(report["lipsync_sync_shift_ms"]) < 200, report["lipsync_sync_shift_ms"]
         offset = report["lipsync_offset_ms"]
         if offset["n"]:  # the bench holds the real target; here only a sanity bound
             assert abs(offset["mean"]) < 200
