@@ -22,7 +22,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamTrack
@@ -50,6 +50,7 @@ from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechResumed, 
 log = logging.getLogger(__name__)
 
 PREROLL_S = 0.3
+T = TypeVar("T")
 
 
 class SessionClosed(Exception):
@@ -71,23 +72,14 @@ class _EarlyReply:
     held: list[Callable[[], None]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
 
-    def publish_later(self, publish: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-        def deferred(event: dict[str, Any]) -> None:
-            if self.gate.is_set():
-                publish(event)
-            else:
-                self.held.append(lambda: publish(event))
+    def later(self, deliver: Callable[[T], None]) -> Callable[[T], None]:
+        """``deliver`` now if the turn is confirmed, else when it is (never, if the reply is dropped)."""
 
-        return deferred
-
-    def command_later(
-        self, command: Callable[[ExpressionCommand | GestureCommand], None]
-    ) -> Callable[[ExpressionCommand | GestureCommand], None]:
-        def deferred(cmd: ExpressionCommand | GestureCommand) -> None:
+        def deferred(item: T) -> None:
             if self.gate.is_set():
-                command(cmd)
+                deliver(item)
             else:
-                self.held.append(lambda: command(cmd))
+                self.held.append(lambda: deliver(item))
 
         return deferred
 
@@ -105,8 +97,7 @@ class _Utterance:
     stream: Any  # TranscriptStream
     paused: bool = False  # silence since the last pause: audio is held back, not appended
     held: list[np.ndarray] = field(default_factory=list)
-    ended: bool = False  # the end of the turn was detected: too late for an early reply
-    finalized: bool = False
+    ended: bool = False  # the end of the turn was detected: no more partials, too late for an early reply
     early: _EarlyReply | None = None
 
     def append(self, audio: np.ndarray) -> None:
@@ -284,9 +275,9 @@ class Session:
             prompt=self.prompt,
             playout=self.playout,
             clock=self.clock,
-            publish=self.bus.publish if early is None else early.publish_later(self.bus.publish),
+            publish=self.bus.publish if early is None else early.later(self.bus.publish),
             cache_key=self.id,
-            on_command=self.command if early is None else early.command_later(self.command),
+            on_command=self.command if early is None else early.later(self.command),
             background=self._owner.spawn,
             gate=None if early is None else early.gate,
         )
@@ -482,9 +473,9 @@ class Session:
     async def _partials(self, utt: _Utterance) -> None:
         interval = self.settings.asr.partial_interval_ms / 1000.0
         last = ""
-        while not utt.finalized:
+        while not utt.ended:
             await asyncio.sleep(interval)
-            if utt.paused or utt.finalized:
+            if utt.paused or utt.ended:
                 continue  # the speculative decode has the worker now
             tr = await utt.stream.partial()
             if tr.text and tr.text != last:
@@ -495,7 +486,6 @@ class Session:
 
     async def _finalize(self, utt: _Utterance, speech_end: float, eot: float) -> None:
         final = await utt.stream.final()
-        utt.finalized = True
         now = self.clock.now()
         text = final.text.strip()
         early, utt.early = utt.early, None
