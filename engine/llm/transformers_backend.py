@@ -439,21 +439,9 @@ class TransformersLLM:
         if cache is None:
             cache, keep = self._new_cache(), 0
         fed = ids[:keep]
-        stats.reused_tokens = keep
-        self.reused_tokens += keep
-
-        logits: torch.Tensor | None = None
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            if chan.stop.is_set():
-                stats.stop_reason = "cancelled"
-                return CacheEntry(fed, cache)
-            chunk = ids[start : start + PREFILL_CHUNK]
-            logits = self._forward(chunk, cache)
-            fed.extend(chunk)
-            stats.prefilled_tokens += len(chunk)
-            self.prefilled_tokens += len(chunk)
-        assert logits is not None
-        stats.prefill_queued_s = time.perf_counter() - stats.started
+        logits = self._prefill(ids, keep, lambda chunk, _: self._forward(chunk, cache), fed, chan, stats)
+        if logits is None:
+            return CacheEntry(fed, cache)
 
         def feed(token: int) -> torch.Tensor:
             out = self._forward([token], cache)
@@ -462,6 +450,33 @@ class TransformersLLM:
 
         self._sample(logits, feed, chan, stats)
         return CacheEntry(fed, cache)
+
+    def _prefill(
+        self,
+        ids: list[int],
+        keep: int,
+        forward: Callable[[list[int], int], torch.Tensor],
+        fed: list[int],
+        chan: _Channel,
+        stats: CallStats,
+    ) -> torch.Tensor | None:
+        """Feed ``ids[keep:]`` (the first ``keep`` are already cached) in ``PREFILL_CHUNK`` pieces through
+        ``forward(chunk, start)``, appending each to ``fed``; the last logits, or None once stopped."""
+        stats.reused_tokens = keep
+        self.reused_tokens += keep
+        logits: torch.Tensor | None = None
+        for start in range(keep, len(ids), PREFILL_CHUNK):
+            if chan.stop.is_set():
+                stats.stop_reason = "cancelled"
+                return None
+            chunk = ids[start : start + PREFILL_CHUNK]
+            logits = forward(chunk, start)
+            fed.extend(chunk)
+            stats.prefilled_tokens += len(chunk)
+            self.prefilled_tokens += len(chunk)
+        assert logits is not None
+        stats.prefill_queued_s = time.perf_counter() - stats.started
+        return logits
 
     def _check_length(self, prompt_tokens: int, positions: int, whose: str, setting: str = "") -> None:
         if prompt_tokens + self.config.max_new_tokens > positions:
@@ -539,20 +554,13 @@ class TransformersLLM:
         # Reuse the longest common prefix; at least one token must be fed to get logits.
         keep = min(common_prefix_len(slot.ids, ids), len(ids) - 1)
         slot.crop(keep)
-        stats.reused_tokens = keep
-        self.reused_tokens += keep
-        logits: torch.Tensor | None = None
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            if chan.stop.is_set():
-                stats.stop_reason = "cancelled"
-                return
-            chunk = ids[start : start + PREFILL_CHUNK]
-            logits = dec.prefill(torch.tensor(chunk, dtype=torch.long, device=self.device), start)
-            slot.ids.extend(chunk)
-            stats.prefilled_tokens += len(chunk)
-            self.prefilled_tokens += len(chunk)
-        assert logits is not None
-        stats.prefill_queued_s = time.perf_counter() - stats.started
+
+        def forward(chunk: list[int], start: int) -> torch.Tensor:
+            return dec.prefill(torch.tensor(chunk, dtype=torch.long, device=self.device), start)
+
+        logits = self._prefill(ids, keep, forward, slot.ids, chan, stats)
+        if logits is None:
+            return
 
         def feed(token: int) -> torch.Tensor:
             out = dec.step(token)  # the graph's static buffer: copy before the next step
