@@ -8,15 +8,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from engine.bench.voice import EngineConnection
 from engine.clock import MediaClock
 from engine.config import Settings
 from engine.models import EngineModels
-from engine.server.app import create_app
-from engine.server.engine import Engine
-from tests.engine.conftest import LiveServer, free_port
+from tests.engine.conftest import LiveServer, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +25,9 @@ async def persona_server(
     s = settings.model_copy(deep=True)
     s.persona.enabled = True
     s.persona.memory_db = str(tmp_path / "memory.sqlite3")
-    engine = Engine(s, models)
-    await engine.load_persona()
-    app = create_app(s, engine)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield LiveServer(engine, f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
+    async with live_server(s, models) as server:
+        await server.engine.load_persona()
+        yield server
 
 
 async def test_a_viewer_fact_is_written_back_and_recalled(persona_server: LiveServer) -> None:

@@ -6,15 +6,12 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from engine.bench.voice import EngineConnection, video_report
 from engine.clock import MediaClock
 from engine.config import Settings
 from engine.models import EngineModels
-from engine.server.app import create_app
-from engine.server.engine import Engine
-from tests.engine.conftest import LiveServer, free_port
+from tests.engine.conftest import LiveServer, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -25,18 +22,10 @@ async def video_server(settings: Settings, models: EngineModels) -> AsyncIterato
     s.avatar.enabled = True
     s.avatar.profile = "360p"
     s.avatar.background = "#20183aff"
-    engine = Engine(s, models)
-    app = create_app(s, engine)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    assert engine.render_pool is not None
-    await engine.render_pool.prepare("360p")
-    try:
-        yield LiveServer(engine, f"http://127.0.0.1:{port}")
-    finally:
-        await runner.cleanup()
+    async with live_server(s, models) as server:
+        assert server.engine.render_pool is not None
+        await server.engine.render_pool.prepare("360p")
+        yield server
 
 
 async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_server: LiveServer) -> None:
