@@ -13,7 +13,8 @@
 # engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
 # (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p, then times the voice's
 # first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
-# 400 ms); TURNS and BARGE the bench's questions and barge-in rounds.
+# 400 ms; a question's 200 ms); TURNS and BARGE the bench's questions and barge-in rounds; any other
+# IDOLCAST_* variable set by the caller is passed on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -50,7 +51,7 @@ bench)
         IDOLCAST_ASR__TOKENIZER="$TOKENIZER" \
         IDOLCAST_LLM__MODEL=random:qwen2.5-1.5b IDOLCAST_LLM__TOKENIZER="$TOKENIZER" IDOLCAST_LLM__DEVICE=cuda \
         IDOLCAST_LLM__DTYPE=bfloat16 IDOLCAST_LLM__MAX_NEW_TOKENS=32 \
-        IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx IDOLCAST_TTS__THREADS=4 \
+        IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx \
         IDOLCAST_AVATAR__BACKEND=cuda-graph IDOLCAST_PERSONA__ENABLED=false IDOLCAST_MQTT__ENABLED=false
     if [ -n "${EOT_MS:-}" ]; then export IDOLCAST_VAD__END_OF_TURN_SILENCE_MS=$EOT_MS; fi
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
@@ -62,6 +63,8 @@ bench)
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("v2v", r["voice_to_voice_ms"], "barge", r["barge_in_stop_ms"])
+print("uplink", r.get("uplink_ms"), "downlink", r.get("downlink_ms"))
+print("lipsync unsynced", r.get("lipsync_offset_unsynced_ms"), "shift", r.get("lipsync_sync_shift_ms"))
 print("lipsync", r.get("lipsync_offset_ms"), "frames", r.get("lipsync_offset_frames_mean"), "fps", r.get("fps_mean"), r.get("fps_min_1s"))
 for k, v in r["stages_ms"].items():
     print(k, v)

@@ -199,7 +199,9 @@ async def _voice(
             args.url, questions, barge if rounds else None, rounds, character, jitter
         )
     with engine_process(args) as url:
-        return await run_voice_bench(url, questions, barge if rounds else None, rounds, character, jitter)
+        return await run_voice_bench(
+            url, questions, barge if rounds else None, rounds, character, jitter, same_host=True
+        )
 
 
 async def _browser_jitter(args: argparse.Namespace) -> dict[str, Any]:

@@ -61,6 +61,10 @@ class TurnResult:
     barge_in_stop_ms: float | None = None
     reply: str = ""
     reply_window: tuple[float, float] | None = None  # receiver clock: first loud → quiet
+    # Same host only (both clocks are time.monotonic()): the client's end of speech → the engine's, and
+    # the engine's first reply frame leaving its track → the client's first loud sample.
+    uplink_ms: float | None = None
+    downlink_ms: float | None = None
 
 
 class EngineConnection:
@@ -70,6 +74,7 @@ class EngineConnection:
         self, url: str, clock: MediaClock, character: str = "builtin:default", jitter_frames: int = 4
     ) -> None:
         self.url = url.rstrip("/")
+        self.same_host = False  # set when the bench started the engine itself
         self.jitter_frames = jitter_frames
         self.clock = clock
         self.pc = RTCPeerConnection()
@@ -188,6 +193,13 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     heard = conn.received.first_loud_after(clip.sent_end)
     if heard is not None:
         result.voice_to_voice_ms = round((heard - clip.sent_end) * 1000.0, 1)
+    engine_origin = completed.get("clock_origin")
+    if conn.same_host and isinstance(engine_origin, float):
+        shift = engine_origin - conn.clock.origin  # engine clock → ours
+        if result.timestamps.get("speech_end") is not None:
+            result.uplink_ms = round((result.timestamps["speech_end"] + shift - clip.sent_end) * 1000.0, 1)
+        if heard is not None and result.timestamps.get("first_audio_sent") is not None:
+            result.downlink_ms = round((heard - result.timestamps["first_audio_sent"] - shift) * 1000.0, 1)
     await _settle(conn)
     if heard is not None:
         end = conn.received.quiet_from(heard, hold_s=0.5)
@@ -245,9 +257,11 @@ async def run_voice_bench(
     barge_rounds: int = 3,
     character: str = "builtin:default",
     client_jitter_frames: int = 2,
+    same_host: bool = False,
 ) -> dict[str, Any]:
     clock = MediaClock()
     conn = EngineConnection(url, clock, character, jitter_frames=client_jitter_frames)
+    conn.same_host = same_host
     await conn.open()
     turns: list[TurnResult] = []
     stops: list[float] = []
@@ -278,6 +292,8 @@ async def run_voice_bench(
         "client_jitter_frames": client_jitter_frames,
         "wer": round(wer, 4),
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
+        "uplink_ms": summarize([t.uplink_ms for t in turns if t.uplink_ms is not None]),
+        "downlink_ms": summarize([t.downlink_ms for t in turns if t.downlink_ms is not None]),
         **video,
         "turns": [t.__dict__ for t in turns],
     }

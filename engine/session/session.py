@@ -46,10 +46,12 @@ from engine.transport.audio_out import IdolAudioTrack
 from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
 from engine.transport.playout import HeardChunk, PlayoutBuffer
 from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechResumed, VADSpeechStarted
+from engine.vad.silero import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 
 PREROLL_S = 0.3
+QUESTION_ENDS = ("?", "!")  # a speculative transcript ending so reads as a finished turn
 T = TypeVar("T")
 
 
@@ -374,6 +376,8 @@ class Session:
                 "played_text": played,
                 "interrupted": interrupted,
                 "timings": timings.to_dict(),
+                # time.monotonic() at t = 0: lets a client on the same host line its clock up with ours
+                "clock_origin": getattr(self.clock, "origin", None),
             }
         )
         self._owner.spawn(
@@ -447,7 +451,7 @@ class Session:
                             turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
                     elif isinstance(ev, VADSpeechPaused) and utt is not None:
                         utt.paused = True
-                        turn_owner.spawn(self._speculate(utt), "speculate")
+                        turn_owner.spawn(self._speculate(utt, vad, ev.t), "speculate")
                     elif isinstance(ev, VADSpeechResumed) and utt is not None:
                         utt.resume()
                         if utt.early is not None:
@@ -463,12 +467,16 @@ class Session:
         finally:
             await turn_owner.cancel_all()
 
-    async def _speculate(self, utt: _Utterance) -> None:
+    async def _speculate(self, utt: _Utterance, vad: VoiceActivityDetector, silence_start: float) -> None:
         await utt.stream.speculate()
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
-        if settled is not None and settled.text and utt.paused:
-            self._start_early(utt, settled.text)
+        if settled is None or not settled.text or not utt.paused:
+            return
+        question_ms = self.settings.vad.end_of_turn_question_ms
+        if question_ms and settled.text.rstrip().endswith(QUESTION_ENDS):
+            vad.end_turn_sooner(silence_start, question_ms)  # a finished question: answer it sooner
+        self._start_early(utt, settled.text)
 
     async def _partials(self, utt: _Utterance) -> None:
         interval = self.settings.asr.partial_interval_ms / 1000.0

@@ -14,6 +14,24 @@ class VADConfig(BaseModel):
     end_of_turn_silence_ms: int = Field(
         400, ge=100, le=5000, description="silence after speech that ends the host's turn"
     )
+    end_of_turn_question_ms: int = Field(
+        200,
+        ge=0,
+        le=5000,
+        description="silence that ends the turn when the speculative transcript at the pause ends in '?' or "
+        "'!' (a finished question or exclamation: she answers sooner); 0 = always end_of_turn_silence_ms",
+    )
+    end_refine_ms: int = Field(
+        160,
+        ge=0,
+        le=500,
+        description="place the end of speech up to this much before silero flags silence, where the voice's "
+        "loudness fell (silero lags the voice by 50-140 ms); the pause and end-of-turn silences count from it. "
+        "0 = silero's time",
+    )
+    end_quiet_db: float = Field(
+        -35.0, ge=-60.0, le=-6.0, description="a block this far below the turn's loudest is quiet"
+    )
     early_reply: bool = Field(
         True,
         description="start the reply on the speculative transcript at the pause; it stays silent until "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import deque
 from enum import Enum
 
 import numpy as np
@@ -30,6 +31,8 @@ SAMPLE_RATE = 16000
 WINDOW = 512  # samples per model call at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window the model sees
 RESYNC_TOLERANCE_S = 0.02  # a piece whose time is further off than this re-anchors the buffer
+BLOCK = 128  # samples per loudness block (8 ms) for placing the end of speech
+NOISE_FLOOR_RMS = 0.002  # about -54 dBFS: quieter than any voice the end of speech is placed on
 
 
 class SileroModel:
@@ -88,6 +91,10 @@ class VoiceActivityDetector:
         self._min_speech_s = self.config.min_speech_ms / 1000
         self._pause_s = self.config.pause_ms / 1000
         self._eot_s = self.config.end_of_turn_silence_ms / 1000
+        self._refine_s = self.config.end_refine_ms / 1000
+        self._quiet_ratio = 10 ** (self.config.end_quiet_db / 20)
+        keep = int(self._refine_s * SAMPLE_RATE) // BLOCK + 2 * WINDOW // BLOCK
+        self._blocks: deque[tuple[float, float]] = deque(maxlen=keep)
         self.reset()
 
     def reset(self) -> None:
@@ -102,6 +109,11 @@ class VoiceActivityDetector:
         self._turn_start = 0.0
         self._silence_start = 0.0
         self._paused = False
+        self._peak_rms = 0.0  # the loudest 8 ms block of the current turn's speech
+        self._sooner: tuple[float, float] | None = (
+            None  # (silence start, end-of-turn silence s) for that silence
+        )
+        self._blocks.clear()  # (end time, rms) of the latest 8 ms blocks
         self.last_probability = 0.0
 
     @property
@@ -154,6 +166,11 @@ class VoiceActivityDetector:
         frame[0, CONTEXT:] = window
         p, self._state = self.model.run(frame, self._state)
         self.last_probability = p
+        rms = np.sqrt(np.mean(window.reshape(-1, BLOCK) ** 2, axis=1))
+        for k, r in enumerate(rms):
+            self._blocks.append((start + (k + 1) * BLOCK / SAMPLE_RATE, float(r)))
+        if self._phase is _Phase.SPEECH:
+            self._peak_rms = max(self._peak_rms, float(rms.max()))
 
         if self._phase is _Phase.IDLE:
             if p >= self._on:
@@ -165,6 +182,7 @@ class VoiceActivityDetector:
                 self._phase = _Phase.SPEECH
                 self._turn_start = self._onset
                 self._onset = None
+                self._peak_rms = max((r for e, r in self._blocks if e > self._turn_start), default=0.0)
                 results.append(VADSpeechStarted(t=self._turn_start, detected_t=end))
             return
 
@@ -172,7 +190,7 @@ class VoiceActivityDetector:
             if p >= self._off:
                 return
             self._phase = _Phase.SILENCE
-            self._silence_start = start
+            self._silence_start = self._speech_fell_silent(start)
             self._paused = False
         elif p >= self._on:  # silence inside a turn, and speech is back
             self._phase = _Phase.SPEECH
@@ -181,10 +199,14 @@ class VoiceActivityDetector:
             return
 
         silent_for = end - self._silence_start
-        if not self._paused and (silent_for >= self._pause_s or silent_for >= self._eot_s):
+        eot_s = self._eot_s
+        sooner = self._sooner  # one read: set from another thread
+        if sooner is not None and sooner[0] == self._silence_start:
+            eot_s = min(eot_s, sooner[1])
+        if not self._paused and (silent_for >= self._pause_s or silent_for >= eot_s):
             self._paused = True
             results.append(VADSpeechPaused(t=self._silence_start, detected_t=end))
-        if silent_for >= self._eot_s:
+        if silent_for >= eot_s:
             self._phase = _Phase.IDLE
             results.append(
                 VADEndOfTurn(
@@ -194,3 +216,30 @@ class VoiceActivityDetector:
                     speech_end_t=self._silence_start,
                 )
             )
+
+    def end_turn_sooner(self, silence_start: float, silence_ms: float) -> None:
+        """Let the silence that began at ``silence_start`` (a :class:`VADSpeechPaused`'s ``t``) end the
+        turn after ``silence_ms`` instead of ``end_of_turn_silence_ms`` (when the words so far read as
+        a finished question). Safe to call from another thread than :meth:`feed`'s; a silence that has
+        already ended, by speech or by the end of the turn, is left alone."""
+        self._sooner = (silence_start, silence_ms / 1000)
+
+    def _speech_fell_silent(self, flagged: float) -> float:
+        """When the speech really stopped, given that silero flagged silence from ``flagged`` on.
+
+        Silero's probability is smoothed by its recurrent state and falls 50-140 ms after the voice does
+        (measured on the bench's questions). Inside that lag the loudness says where the voice ended:
+        the end of the last 8 ms block (up to the end of the flagged window) no quieter than the turn's
+        loudest block by more than ``end_quiet_db`` and louder than a noise floor, at most
+        ``end_refine_ms`` before ``flagged``. In a noisy room every block is loud and the end lands
+        on the flagged window's end at the latest.
+        """
+        if self._refine_s <= 0 or self._peak_rms <= 0:
+            return flagged
+        quiet = max(self._peak_rms * self._quiet_ratio, NOISE_FLOOR_RMS)
+        earliest = max(flagged - self._refine_s, self._turn_start)
+        # the flagged window counts too: a last plosive burst ("fact") can come after silero's flag
+        last_loud = max((e for e, r in self._blocks if r >= quiet), default=None)
+        if last_loud is None:
+            return earliest
+        return max(last_loud, earliest)

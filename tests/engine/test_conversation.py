@@ -163,7 +163,18 @@ async def slow_eot_server(settings: Settings, models: EngineModels) -> AsyncIter
     long before it, so an early reply always starts, and a pause shorter than that can cancel it."""
     slow = settings.model_copy(deep=True)
     slow.vad.end_of_turn_silence_ms = 2500
+    slow.vad.end_of_turn_question_ms = 0  # a question waits the whole silence too
     async with live_server(slow, dataclasses.replace(models, new_vad=load_vad_factory(slow.vad))) as s:
+        yield s
+
+
+@pytest.fixture
+async def question_server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
+    """End of turn after 2.5 s of silence, or 0.2 s once the speculative transcript ends in '?'."""
+    cfg = settings.model_copy(deep=True)
+    cfg.vad.end_of_turn_silence_ms = 2500
+    cfg.vad.end_of_turn_question_ms = 200
+    async with live_server(cfg, dataclasses.replace(models, new_vad=load_vad_factory(cfg.vad))) as s:
         yield s
 
 
@@ -223,5 +234,24 @@ async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_se
         assert kinds.index("user_turn") < kinds.index("reply_token")
         assert events[-1]["played_text"].strip()
         assert session._early is None
+    finally:
+        await c.close()
+
+
+async def test_a_finished_question_ends_the_turn_sooner_a_statement_waits(
+    question_server: LiveServer,
+) -> None:
+    c = EngineConnection(question_server.url, MediaClock())
+    await c.open(with_video=False)
+    try:
+        gaps = {}
+        for text in ("What is your favorite color?", "I had pancakes for breakfast today"):
+            c.mic.play(speech_48k(text, pad_s=4.0))
+            timings = (await collect_turn(c))[-1]["timings"]
+            assert timings["user_text"].rstrip().endswith("?") == text.endswith("?"), timings["user_text"]
+            gaps[text[-1]] = timings["relative_ms"]["end_of_turn"]
+        # the question ends as soon as its transcript is in (well inside the 2.5 s); the statement waits
+        assert 200 <= gaps["?"] < 1500, gaps
+        assert gaps["y"] >= 2500, gaps
     finally:
         await c.close()

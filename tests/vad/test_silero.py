@@ -156,3 +156,40 @@ def test_model_is_shared_and_torch_threads_kept(monkeypatch: pytest.MonkeyPatch)
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def _turn_end(audio: np.ndarray, **config: float) -> VADEndOfTurn:
+    ends = of_type(feed_in_pieces(VoiceActivityDetector(VADConfig(**config)), audio), VADEndOfTurn)
+    assert len(ends) == 1
+    end = ends[0]
+    assert isinstance(end, VADEndOfTurn)
+    return end
+
+
+def test_end_of_speech_placed_where_the_voice_fell_silent() -> None:
+    """Silero's probability lags the voice; the end of speech is placed on the loudness instead, so the
+    pause and the end of turn come that much sooner (and still after the configured silence)."""
+    lags_silero, lags_placed = [], []
+    for text in ("What is your favorite color?", "Do you like music?", "What did you eat for breakfast?"):
+        audio = np.concatenate([silence(0.5), speech_16k(text), silence(1.0)])
+        _, off = loud_span(audio)
+        flagged = _turn_end(audio, end_refine_ms=0)
+        placed = _turn_end(audio)
+        lags_silero.append(flagged.speech_end_t - off)
+        lags_placed.append(placed.speech_end_t - off)
+        assert placed.speech_end_t <= flagged.speech_end_t
+        assert placed.t - placed.speech_end_t == pytest.approx(0.4, abs=WINDOW / SR + 1e-6)
+        # at most a final stop's weak release burst (-35 dB or less under the peak) is left after it
+        assert placed.speech_end_t >= off - 0.08, "the end of speech is placed inside the voice"
+    assert min(lags_silero) > 0.04, f"silero no longer lags the voice: {lags_silero}"
+    assert max(lags_placed) < 0.04, f"placed ends lag the voice: {lags_placed}"
+
+
+def test_end_of_speech_in_a_noisy_room_stays_at_silero(sentence: np.ndarray) -> None:
+    """Noise above the quiet level: no block is quiet, so the end is not moved before silero's flag."""
+    rng = np.random.default_rng(5)
+    audio = np.concatenate([silence(0.5), sentence, silence(1.0)])
+    audio = audio + (rng.standard_normal(len(audio)) * 0.01).astype(np.float32)
+    flagged = _turn_end(audio, end_refine_ms=0)
+    placed = _turn_end(audio)
+    assert flagged.speech_end_t <= placed.speech_end_t <= flagged.speech_end_t + WINDOW / SR
