@@ -205,7 +205,7 @@ def voice_threads(setting: int) -> int:
     if setting > 0:
         return setting
     cores = os.cpu_count() or 1
-    return 1 if cores <= 4 else min(4, cores // 4)
+    return 1 if cores <= 4 else min(8, cores // 2)
 
 
 def _session_with_threads(model: Path, threads: int) -> Any:

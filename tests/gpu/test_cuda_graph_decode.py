@@ -123,6 +123,36 @@ def test_prefix_reuse_across_turns(kind: str) -> None:
         assert _rel(got, ref) < FP32_TOL
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_chunked_prefill_matches_eager(kind: str) -> None:
+    """The prefill-chunk step (the second captured graph on CUDA) against the model's own forward: tails
+    shorter than, equal to and longer than a chunk, on top of a cached prefix, then decode steps."""
+    from engine.llm.cuda_graph_decode import PREFILL_CHUNK
+
+    model = _tiny(kind)
+    gen = torch.Generator().manual_seed(21)
+    persona = torch.randint(0, 96, (1, 9), generator=gen)
+    feed = torch.randint(0, 96, (1, 4), generator=gen)
+    for tail_len in (1, 5, PREFILL_CHUNK, PREFILL_CHUNK + 3, 2 * PREFILL_CHUNK + 1):
+        tail = torch.randint(0, 96, (1, tail_len), generator=gen)
+        dec = GraphDecoder(model, max_len=9 + tail_len + 4)
+        first_persona = dec.prefill_chunked(persona, 0)
+        for t in range(3):  # a reply thrown away: its K/V (and the padding rows') must not leak
+            dec.step(t)
+        dec.reset_to(9)
+        first = dec.prefill_chunked(tail, 9)
+        assert dec.length == 9 + tail_len
+        steps = [dec.step(int(t)).clone() for t in feed[0]]
+        ref_first, ref_steps = _eager_teacher_forced(model, torch.cat([persona, tail], dim=1), feed)
+        with torch.no_grad():
+            ref_persona = model(persona).logits[:, -1]
+        assert _rel(first_persona, ref_persona) < FP32_TOL
+        assert _rel(first, ref_first) < FP32_TOL, tail_len
+        for i, (got, ref) in enumerate(zip(steps, ref_steps, strict=True)):
+            assert _rel(got, ref) < FP32_TOL, (tail_len, i)
+        assert torch.equal(dec.cached_ids(), torch.cat([persona, tail, feed], dim=1))
+
+
 def test_prefill_cached_finds_common_prefix() -> None:
     model = _tiny("llama")
     gen = torch.Generator().manual_seed(5)
