@@ -70,3 +70,24 @@ def test_unknown_backend_is_refused() -> None:
     config = LLMConfig.model_construct(backend="nope")
     with pytest.raises(LLMError, match="llm.backend"):
         load_llm(config)
+
+
+async def test_simple_history_is_trimmed_in_halves_so_the_prefix_holds() -> None:
+    """The prompt before the newest user message changes only when the history is trimmed: every
+    ``max_turns // 2`` turns, not every turn (each change costs the LLM a full re-prefill)."""
+    from engine.events import UserTurn
+    from engine.llm.prompt import SimplePromptProvider
+
+    provider = SimplePromptProvider("You are Hoshi.", max_turns=8)
+    previous: list[dict[str, str]] | None = None
+    broken = 0
+    for i in range(24):
+        turn = UserTurn(t=float(i), text=f"question {i}", source="voice", turn_id=i + 1)
+        messages = [dict(m) for m in await provider.build_prompt(turn)]
+        if previous is not None and messages[: len(previous)] != previous:
+            broken += 1  # the last prompt (with its reply) is no longer a prefix of this one
+        await provider.record_turn(turn, f"answer {i}", interrupted=False)
+        previous = messages + [{"role": "assistant", "content": f"answer {i}"}]
+        assert len(provider.history) <= 8
+        assert provider.history[-1] == (f"question {i}", f"answer {i}")
+    assert broken == 3, broken  # trimmed to 4 after turns 9, 14 and 19 (a sliding window: 15 times)
