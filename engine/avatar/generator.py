@@ -106,17 +106,7 @@ class FrameGenerator(nn.Module):
         base = self.underlay
         if rect is not None:
             base = base[:, :, oy : oy + rect[3], ox : ox + rect[2]]
-        if fast and not exporting():  # channels-last: the final uint8 HWC write is then a straight copy
-            region = torch.empty(
-                p.shape[0],
-                4,
-                base.shape[2],
-                base.shape[3],
-                device=base.device,
-                memory_format=torch.channels_last,
-            ).copy_(base.expand(p.shape[0], -1, -1, -1))
-        else:
-            region = owned(base, p.shape[0])
+        region = owned(base, p.shape[0])  # NCHW like the layers' output: compositing stays one straight pass
         for layer in self.groups:
             sub: Box | None = None
             if fast:
@@ -150,7 +140,7 @@ class FrameGenerator(nn.Module):
         static = to_uint8(self.static)[0].cpu().numpy()
         return np.repeat(static[None], batch, axis=0)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def render_into(self, frames: np.ndarray, params: np.ndarray) -> np.ndarray:
         """Render ``params [B, P]`` into ``frames`` (uint8 ``[B, H, W, 4]`` from :meth:`new_frames` or an
         earlier call): only what can change is written. Returns ``frames``."""
@@ -175,7 +165,9 @@ class FrameGenerator(nn.Module):
         region = self.render_region(p, fast=True, rect=rect)
         x, y = rx + rect[0], ry + rect[1]
         dst = torch.from_numpy(frames)[:, y : y + rect[3], x : x + rect[2], :]
-        dst.copy_(region.permute(0, 2, 3, 1).mul(255.0).add_(0.5))
+        # scaled in place while contiguous, then one strided copy into the HWC uint8 frame (truncating: +0.5
+        # rounds half up, as to_uint8)
+        dst.copy_(region.mul_(255.0).add_(0.5).permute(0, 2, 3, 1))
         return frames
 
 

