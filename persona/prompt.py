@@ -206,8 +206,16 @@ class PersonaPromptProvider:
         self.last_memories = found
         notes = self._notes(found, who)
         last = f"{notes}\n\n{current}" if notes else current
+        return [*self._prefix(self.count(last)), {"role": "user", "content": last}]
+
+    def next_prefix(self) -> list[ChatMessage]:
+        # as build_prompt will make it for a short turn without notes (long notes push out old history)
+        return self._prefix(self._turn_budget // 4)
+
+    def _prefix(self, last_tokens: int) -> list[ChatMessage]:
+        """The system message and as much history (newest first) as fits beside a last message this long."""
         system = self._system()
-        used = self.count(system) + self.count(last) + 2 * MESSAGE_OVERHEAD
+        used = self.count(system) + last_tokens + 2 * MESSAGE_OVERHEAD
         room = self.settings.token_budget - used
         pairs: list[ChatMessage] = []
         for ex in reversed(self.history):
@@ -216,7 +224,7 @@ class PersonaPromptProvider:
                 break
             room -= cost
             pairs[:0] = [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.reply}]
-        return [{"role": "system", "content": system}, *pairs, {"role": "user", "content": last}]
+        return [{"role": "system", "content": system}, *pairs]
 
     def guard(self, text: str) -> str | None:
         return self._guard.check(text)

@@ -20,6 +20,13 @@ class LLM(Protocol):
 
     def describe(self) -> str: ...
 
+    async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
+        """Between turns: put ``messages`` (what the next prompt starts with: the system prompt and the
+        history) into the KV cache the next call on ``cache_key`` will reuse, so that call prefills only the
+        new user message. Returns the tokens prefilled (0 where the backend keeps no cache). Cancelling it
+        stops the work at the next prefill chunk and keeps what was done."""
+        ...
+
 
 class LLMError(Exception):
     """The model or endpoint failed; the message says which and why."""

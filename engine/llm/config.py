@@ -34,6 +34,11 @@ class LLMConfig(BaseModel):
         "auto",
         description="int8 dynamic quantization of the decoder layers (auto: on CPU only)",
     )
+    prewarm: bool = Field(
+        True,
+        description="after each turn, prefill what the next prompt starts with (system prompt + history) while "
+        "the host talks, so a trimmed or summarized history does not cost the next reply a full prefill",
+    )
     cuda_graphs: bool = Field(
         True,
         description="on cuda: decode through a static KV cache and one CUDA graph a step (GraphDecoder), "

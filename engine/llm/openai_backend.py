@@ -65,6 +65,9 @@ class OpenAICompatibleLLM:
     def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> AsyncIterator[str]:
         return self._stream(list(messages))
 
+    async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
+        return 0  # the server keeps (or not) its own prefix cache
+
     def describe(self) -> str:
         model = self._model_name or "(the server's first model)"
         return f"openai-compatible {model} at {self.config.base_url}"

@@ -33,6 +33,11 @@ class PromptProvider(Protocol):
         """After the turn: keep what was heard. Runs off the hot path."""
         ...
 
+    def next_prefix(self) -> list[ChatMessage]:
+        """What the next turn's messages will most likely start with (the system prompt and the history,
+        without the next user message): the session has the LLM prefill it between turns."""
+        ...
+
 
 class SimplePromptProvider:
     """A fixed system prompt and the last exchanges: at most ``max_turns``.
@@ -51,11 +56,13 @@ class SimplePromptProvider:
         self._history: deque[tuple[str, str]] = deque()
 
     async def build_prompt(self, turn: UserTurn) -> list[ChatMessage]:
+        return [*self.next_prefix(), {"role": "user", "content": _speaker_prefixed(turn)}]
+
+    def next_prefix(self) -> list[ChatMessage]:
         messages: list[ChatMessage] = [{"role": "system", "content": self.system_prompt}]
         for user, reply in self._history:
             messages.append({"role": "user", "content": user})
             messages.append({"role": "assistant", "content": reply})
-        messages.append({"role": "user", "content": _speaker_prefixed(turn)})
         return messages
 
     def guard(self, text: str) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import logging
 import os
@@ -79,11 +80,18 @@ class _End:
 class _Channel:
     """Worker thread → event loop hand-off, bounded by credits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pieces: int = CHANNEL_PIECES) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, pieces: int = CHANNEL_PIECES) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
         self.credits = threading.Semaphore(pieces)
         self.stop = threading.Event()
+
+    @classmethod
+    def stopped_by(cls, stop: threading.Event) -> _Channel:
+        """A channel nobody reads (a prewarm's prefill only checks ``stop``)."""
+        chan = cls(None)
+        chan.stop = stop
+        return chan
 
     def put(self, piece: str) -> bool:
         """Hand one piece over, blocking while the consumer is behind; False once stopped."""
@@ -96,6 +104,8 @@ class _Channel:
         self._post(_End(error))
 
     def _post(self, item: str | _End) -> bool:
+        if self.loop is None:
+            return False
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
             return True
@@ -281,6 +291,75 @@ class TransformersLLM:
     def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> TransformersStream:
         return TransformersStream(self, list(messages), cache_key)
 
+    async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
+        stop = threading.Event()
+        run = functools.partial(self._prewarm, list(messages), cache_key, stop)
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self.cuda_workers, run)  # None: the loop's default executor (CPU)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            stop.set()  # the worker stops at the next prefill chunk and puts its cache back
+            raise
+
+    def _prewarm(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> int:
+        ids = self.encode_chat(messages, generation_prompt=False)
+        if not ids:
+            return 0
+        chan = _Channel.stopped_by(stop)
+        stats = CallStats()
+        with torch.inference_mode():
+            slots = self.graph_slots
+            if slots is not None:
+                self._check_length(len(ids), slots.max_len, "the CUDA-graph KV cache's")
+                slot = slots.take(ids, stop)
+                if slot is None:
+                    return 0
+                valid = False
+                try:
+                    keep = common_prefix_len(slot.ids, ids)
+                    slot.crop(keep)
+                    if keep < len(ids):
+                        dec = slot.decoder
+                        self._prefill(
+                            ids,
+                            keep,
+                            lambda chunk, start: dec.prefill(
+                                torch.tensor(chunk, dtype=torch.long, device=self.device), start
+                            ),
+                            slot.ids,
+                            chan,
+                            stats,
+                        )
+                    valid = True
+                finally:
+                    slots.put_back(slot, valid)
+                return stats.prefilled_tokens
+            if key is None:
+                return 0
+            owned, entry = self.caches.take(key, stop, wait_s=0.0)  # a call holds it: it is not idle any more
+            if not owned:
+                return 0
+            keep_entry = entry
+            try:
+                self._check_length(len(ids), self.max_positions, "the model's")
+                if entry is not None and entry.cache.get_seq_length() == len(entry.ids):
+                    keep = common_prefix_len(entry.ids, ids)
+                    crop_cache(entry.cache, len(entry.ids), keep)
+                    del entry.ids[keep:]
+                    cache, fed = entry.cache, entry.ids
+                else:
+                    keep, cache, fed = 0, self._new_cache(), []
+                keep_entry = CacheEntry(fed, cache)
+                if keep < len(ids):
+                    self._prefill(ids, keep, lambda chunk, _: self._forward(chunk, cache), fed, chan, stats)
+            except Exception:
+                keep_entry = None
+                raise
+            finally:
+                self.caches.put_back(key, keep_entry)
+            return stats.prefilled_tokens
+
     def with_options(self, **changes: Any) -> TransformersLLM:
         """A sibling sharing this one's weights and tokenizer, with other sampling settings
         (its own KV caches and counters): e.g. a per-persona temperature."""
@@ -304,10 +383,13 @@ class TransformersLLM:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
-        """The prompt token ids: the tokenizer's chat template with the assistant turn opened."""
+    def encode_chat(self, messages: list[ChatMessage], generation_prompt: bool = True) -> list[int]:
+        """The prompt token ids: the tokenizer's chat template with the assistant turn opened (or, without
+        ``generation_prompt``, just the messages: the start of a later prompt)."""
         with self._tok_lock:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=False
+            )
             ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if self.logit_bias is not None:  # a random shape's tokenizer may know ids its model has not
             vocab = int(self.logit_bias.shape[-1])

@@ -154,6 +154,7 @@ class Session:
         self._reply_turn: UserTurn | None = None
         self._interrupted: set[int] = set()
         self._early: _EarlyReply | None = None  # started on a pause, not yet confirmed
+        self._prewarm: asyncio.Task[None] | None = None  # the LLM prefilling the next prompt's start
         self._adopted: dict[int, asyncio.Task[None]] = {}  # confirmed early replies, by turn id
         self.early_replies = {"started": 0, "confirmed": 0, "cancelled": 0}
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{session_id}")
@@ -270,6 +271,9 @@ class Session:
         )
 
     def _reply_context(self, early: _EarlyReply | None = None) -> ReplyContext:
+        if self._prewarm is not None:  # a reply needs the model (and the cache) now
+            self._prewarm.cancel()
+            self._prewarm = None
         return ReplyContext(
             llm=self.models.llm,
             tts=self.models.tts,
@@ -380,10 +384,28 @@ class Session:
                 "clock_origin": getattr(self.clock, "origin", None),
             }
         )
-        self._owner.spawn(
+        record = self._owner.spawn(
             self.prompt.record_turn(turn, remembered or played, interrupted), f"record{turn.turn_id}"
         )
+        if self.settings.llm.prewarm:
+            self._prewarm = self._owner.spawn(self._prewarm_next(record), f"prewarm{turn.turn_id}")
         self._reply_turn = None
+
+    async def _prewarm_next(self, record: asyncio.Task[None]) -> None:
+        """Once the turn is recorded (history trimmed or consolidated), have the LLM prefill what the next
+        prompt starts with, while the host is still talking: the next reply then prefills only its own
+        message (a trimmed history costs the next turn a full re-prefill otherwise)."""
+        await asyncio.wait([record])
+        if (self._reply_task is not None and not self._reply_task.done()) or self._early is not None:
+            return  # a reply already has the model
+        t0 = self.clock.now()
+        try:
+            n = await self.models.llm.prewarm(self.prompt.next_prefix(), cache_key=self.id)
+        except Exception as e:  # an optimization: the next reply simply prefills it all
+            log.warning("prewarming the next prompt failed: %r", e)
+            return
+        if n:
+            log.info("prewarmed the next prompt: %d tokens in %.0f ms", n, (self.clock.now() - t0) * 1e3)
 
     # ---- playout callbacks (on the loop) ----------------------------------------------------
 

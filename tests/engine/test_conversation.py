@@ -126,6 +126,9 @@ class _FailingOnce:
             raise RuntimeError("injected LLM failure")
         return self.real.stream(messages, cache_key)
 
+    async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
+        return int(await self.real.prewarm(messages, cache_key))
+
     def describe(self) -> str:
         return "failing-once"
 

@@ -58,6 +58,27 @@ async def test_second_turn_prefills_only_the_tail_and_matches_a_cold_run(smollm:
     assert llm.last_call.prefilled_tokens == 1 and "".join(again) == "".join(cold)
 
 
+async def test_prewarm_puts_the_next_prompts_start_in_the_cache(smollm: TransformersLLM) -> None:
+    """Between turns the history is trimmed (the old prefix no longer matches); prewarming the new start
+    leaves only the next user message to prefill, and the reply is the same as without it."""
+    llm = smollm.with_options(max_new_tokens=8)
+    older = chat("Hi Aiko!", "Hello, chat!", "What did you eat today?", "Pancakes with berries!")
+    await collect(llm.stream(older + [{"role": "user", "content": "Nice."}], cache_key="conv"))
+    trimmed = chat("What did you eat today?", "Pancakes with berries!")  # the first exchange dropped
+    n = await llm.prewarm(trimmed, cache_key="conv")
+    assert n > 0
+    nxt = trimmed + [{"role": "user", "content": "Which game will you play next?"}]
+    warm = await collect(llm.stream(nxt, cache_key="conv"))
+    s = llm.last_call
+    assert s.reused_tokens >= len(llm.encode_chat(trimmed, generation_prompt=False)) - 1
+    assert s.prefilled_tokens < 20, s.prefilled_tokens  # the new message and the assistant header
+    cold = await collect(llm.stream(nxt))
+    assert "".join(warm) == "".join(cold)
+    # nothing to do when the start is already cached; no key, nothing kept
+    assert await llm.prewarm(trimmed, cache_key="conv") == 0
+    assert await llm.prewarm(trimmed) == 0
+
+
 async def _pieces_then(stream: TransformersStream, n: int) -> list[str]:
     out: list[str] = []
     async for piece in stream:
