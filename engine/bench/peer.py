@@ -111,6 +111,10 @@ class ReceivedAudio:
         """The latest frame arrived in the last ``within_s`` and was loud."""
         return bool(self.times) and now - self.times[-1] <= within_s and self.rms[-1] >= LOUD_RMS
 
+    def loud_between(self, t0: float, t1: float) -> bool:
+        """Some frame arriving in ``[t0, t1]`` was loud."""
+        return any(t0 <= ti <= t1 and r >= LOUD_RMS for ti, r in zip(self.times, self.rms, strict=True))
+
     def quiet_from(self, t: float, hold_s: float = 0.4) -> float | None:
         """Start of the first stretch of at least ``hold_s`` of silence after ``t``."""
         quiet_start: float | None = None

@@ -75,6 +75,8 @@ class EngineConnection:
     ) -> None:
         self.url = url.rstrip("/")
         self.same_host = False  # set when the bench started the engine itself
+        self.interrupts: list[float] = []  # engine-clock times of the engine's "interrupted" events
+        self.engine_origin: float | None = None  # its clock's time.monotonic() at t = 0
         self.jitter_frames = jitter_frames
         self.clock = clock
         self.pc = RTCPeerConnection()
@@ -125,7 +127,21 @@ class EngineConnection:
         async with self._http.ws_connect(f"{self.url}/api/sessions/{self.session_id}/events") as ws:
             async for msg in ws:
                 if msg.type == aiohttp.WSMsgType.TEXT:
-                    self.events.put_nowait(json.loads(msg.data))
+                    event = json.loads(msg.data)
+                    if event.get("type") == "interrupted" and isinstance(event.get("t"), float):
+                        self.interrupts.append(event["t"])  # engine clock
+                    elif event.get("type") == "turn_completed" and isinstance(
+                        event.get("clock_origin"), float
+                    ):
+                        self.engine_origin = event["clock_origin"]
+                    self.events.put_nowait(event)
+
+    def interrupt_after(self, t: float) -> float | None:
+        """Our clock's time of the engine's first interrupt after ``t`` (same host only, else None)."""
+        if not self.same_host or self.engine_origin is None:
+            return None
+        shift = self.engine_origin - self.clock.origin
+        return next((ti + shift for ti in self.interrupts if ti + shift >= t), None)
 
     async def wait_event(self, kind: str, limit_s: float) -> dict[str, Any]:
         deadline = self.clock.now() + limit_s
@@ -246,6 +262,12 @@ async def barge_in(
     ms = round((stop - over.sent_start) * 1000.0, 1)
     if ms < MIN_REACTION_MS:
         log.info("barge-in round not counted: the reply paused by itself %.0f ms after the onset", ms)
+        return None
+    cut = conn.interrupt_after(over.sent_start)
+    if cut is not None and not conn.received.loud_between(cut, stop):
+        # Same host: the engine's cut is known on our clock. No loud audio arrived after it, so the reply
+        # had gone quiet on its own (a gap before its next chunk) and the cut only kept it so.
+        log.info("barge-in round not counted: the reply was already quiet when the engine cut it")
         return None
     return ms
 

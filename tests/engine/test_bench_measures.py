@@ -1,0 +1,44 @@
+"""The bench's own bookkeeping: what counts as the reply being loud, and the engine's cut on our clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.bench.peer import LOUD_RMS, ReceivedAudio
+from engine.bench.voice import EngineConnection
+from engine.clock import MediaClock
+
+pytestmark = pytest.mark.unit
+
+
+def _received(levels: list[float], start: float = 10.0) -> ReceivedAudio:
+    a = ReceivedAudio(keep_pcm=False)
+    for i, r in enumerate(levels):
+        a.times.append(start + 0.02 * i)
+        a.rms.append(r)
+        a.onset.append(0.0 if r >= LOUD_RMS else float("nan"))
+    return a
+
+
+def test_loud_between_and_quiet_from() -> None:
+    loud, quiet = 0.1, 0.001
+    a = _received([loud] * 5 + [quiet] * 2 + [loud] * 3 + [quiet] * 60)  # a dip, then the real stop
+    assert a.loud_between(10.0, 10.08) and not a.loud_between(10.10, 10.13)
+    assert a.loud_between(10.13, 10.2)
+    assert a.quiet_from(10.0, hold_s=1.0) == pytest.approx(10.2)  # the dip is too short to count
+    assert not a.loud_between(10.5, 10.3)  # an empty span
+
+
+async def test_interrupts_map_to_our_clock_only_on_one_host() -> None:
+    clock = MediaClock(start=1000.0)
+    conn = EngineConnection("http://127.0.0.1:1", clock)
+    try:
+        conn.engine_origin = 1002.5  # the engine's t = 0 came 2.5 s after ours
+        conn.interrupts = [1.0, 3.0]
+        assert conn.interrupt_after(3.0) is None  # not known to share our clock
+        conn.same_host = True
+        assert conn.interrupt_after(3.0) == pytest.approx(3.5)
+        assert conn.interrupt_after(4.0) == pytest.approx(5.5)
+        assert conn.interrupt_after(5.6) is None
+    finally:
+        await conn.pc.close()
