@@ -13,7 +13,8 @@
 # engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
 # (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p, then times the voice's
 # first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
-# 400 ms; a question's 200 ms); TURNS and BARGE the bench's questions and barge-in rounds; any other
+# 400 ms; a question's 200 ms); PAUSE_MS the pause that starts the speculative decode (64 ms here; the
+# engine's default, 96 ms, suits a CPU); TURNS and BARGE the bench's questions and barge-in rounds; any other
 # IDOLCAST_* variable set by the caller is passed on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,8 @@ bench)
         IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx \
         IDOLCAST_AVATAR__BACKEND=cuda-graph IDOLCAST_PERSONA__ENABLED=false IDOLCAST_MQTT__ENABLED=false
     if [ -n "${EOT_MS:-}" ]; then export IDOLCAST_VAD__END_OF_TURN_SILENCE_MS=$EOT_MS; fi
+    # on a GPU the speculative decode at a pause costs ~22 ms: speculate sooner (docs/configuration.md)
+    export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
     timeout "${BENCH_TIMEOUT:-480}" python3 -m engine.cli bench --turns "${TURNS:-20}" --barge-rounds "${BARGE:-3}" \
         --json > "$OUT/bench.json" 2> "$OUT/bench.log"
