@@ -174,29 +174,37 @@ class GraphDecoder:
         q, k = self._rotary(q, k, cos, sin)
         return q, k, v
 
-    def _step_impl(self) -> torch.Tensor:
-        """One token for every row at position ``self.pos``; returns logits ``[B, vocab]``."""
-        pos = self.pos
-        b = self.batch
-        self._ids.index_copy_(1, pos, self._tok)
-        h = self._embed(self._tok)  # [B, 1, H]
-        cos = self._cos.index_select(0, pos).unsqueeze(0)  # [1, 1, head_dim]
-        sin = self._sin.index_select(0, pos).unsqueeze(0)
-        mask = (self._arange <= pos).view(1, 1, 1, self._cap)
+    def _cached_layers(self, h: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """All layers for the ``T`` tokens ``h`` ``[B, T, H]`` at the device ``positions`` ``[T]``: their K/V
+        written into the static cache there, attention over the whole cache under ``mask`` (rows grouped as
+        (head in group, position), ``[1, 1, group * T or 1, cap]``). Returns the hidden states."""
+        b, t, g = self.batch, h.shape[1], self._group
+        kvh, hd = self.n_kv_heads, self.head_dim
+        cos = self._cos.index_select(0, positions).unsqueeze(0)  # [1, T, head_dim]
+        sin = self._sin.index_select(0, positions).unsqueeze(0)
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q, k, v = self._attn_qkv(attn, x, cos, sin)
             k_all, v_all = self.k_cache[i], self.v_cache[i]
-            k_all.index_copy_(2, pos, k)
-            v_all.index_copy_(2, pos, v)
+            k_all.index_copy_(2, positions, k)
+            v_all.index_copy_(2, positions, v)
             # GQA without repeating K/V and without enable_gqa (masked GQA falls back to the math kernel on
-            # CUDA, as transformers' SDPA integration notes): the single queries of the heads that share a K/V
-            # head become that K/V head's query rows.
-            qg = q.reshape(b, self.n_kv_heads, self._group, self.head_dim)
+            # CUDA, as transformers' SDPA integration notes): the queries of the heads that share a K/V head
+            # become that K/V head's query rows.
+            qg = q.reshape(b, kvh, g * t, hd)
             o = F.scaled_dot_product_attention(qg, k_all, v_all, attn_mask=mask, scale=self._scaling)
-            h = h + attn.o_proj(o.reshape(b, 1, -1))
+            o = o.view(b, kvh, g, t, hd).permute(0, 3, 1, 2, 4)
+            h = h + attn.o_proj(o.reshape(b, t, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h
+
+    def _step_impl(self) -> torch.Tensor:
+        """One token for every row at position ``self.pos``; returns logits ``[B, vocab]``."""
+        pos = self.pos
+        self._ids.index_copy_(1, pos, self._tok)
+        mask = (self._arange <= pos).view(1, 1, 1, self._cap)
+        h = self._cached_layers(self._embed(self._tok), pos, mask)
         logits = self._lm_head(self._norm(h))[:, -1, :]
         self.pos.add_(1)
         return logits
@@ -205,31 +213,11 @@ class GraphDecoder:
         """``PREFILL_CHUNK`` tokens for every row at positions ``pos ..``, of which the first ``_chunk_n`` are
         real; returns the logits after the last real one ``[B, vocab]`` and advances ``pos`` by ``_chunk_n``.
         The other rows' K/V land past the new end, where the mask hides them until they are overwritten."""
-        b, t, g = self.batch, PREFILL_CHUNK, self._group
+        g, t = self._group, PREFILL_CHUNK
         positions = self.pos + self._chunk_offsets  # [T]
         self._ids.index_copy_(1, positions, self._chunk_tok)
-        h = self._embed(self._chunk_tok)  # [B, T, H]
-        cos = self._cos.index_select(0, positions).unsqueeze(0)  # [1, T, head_dim]
-        sin = self._sin.index_select(0, positions).unsqueeze(0)
-        # query rows grouped as in the eager prefill: (head in group, position)
         mask = (self._arange.view(1, -1) <= positions.view(-1, 1)).repeat(g, 1).view(1, 1, g * t, self._cap)
-        for i, layer in enumerate(self._layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k, v = self._attn_qkv(attn, x, cos, sin)
-            k_all, v_all = self.k_cache[i], self.v_cache[i]
-            k_all.index_copy_(2, positions, k)
-            v_all.index_copy_(2, positions, v)
-            o = F.scaled_dot_product_attention(
-                q.reshape(b, self.n_kv_heads, g * t, self.head_dim),
-                k_all,
-                v_all,
-                attn_mask=mask,
-                scale=self._scaling,
-            )
-            o = o.view(b, self.n_kv_heads, g, t, self.head_dim).permute(0, 3, 1, 2, 4)
-            h = h + attn.o_proj(o.reshape(b, t, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self._cached_layers(self._embed(self._chunk_tok), positions, mask)
         last = h.index_select(1, self._chunk_n - 1)  # [B, 1, H]
         logits = self._lm_head(self._norm(last))[:, -1, :]
         self.pos.add_(self._chunk_n)
