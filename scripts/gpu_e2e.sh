@@ -72,7 +72,7 @@ print("lipsync", r.get("lipsync_offset_ms"), "frames", r.get("lipsync_offset_fra
 for k, v in r["stages_ms"].items():
     print(k, v)
 EOF
-    if [ -n "${TTS_STAGE:-1}" ]; then
+    if [ -n "${TTS_STAGE-1}" ]; then  # TTS_STAGE= (empty) skips it
         python3 -m engine.bench.gpu_stages --tts .voice/en_US-joe-medium.onnx --repeats 10 --out "$OUT/tts.json" | tail -3
     fi
     ;;
