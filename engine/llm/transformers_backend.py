@@ -85,18 +85,11 @@ PREWARM_MIN_TOKENS = 16
 class _Channel:
     """Worker thread → event loop hand-off, bounded by credits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None, pieces: int = CHANNEL_PIECES) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pieces: int = CHANNEL_PIECES) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
         self.credits = threading.Semaphore(pieces)
         self.stop = threading.Event()
-
-    @classmethod
-    def stopped_by(cls, stop: threading.Event) -> _Channel:
-        """A channel nobody reads (a prewarm's prefill only checks ``stop``)."""
-        chan = cls(None)
-        chan.stop = stop
-        return chan
 
     def put(self, piece: str) -> bool:
         """Hand one piece over, blocking while the consumer is behind; False once stopped."""
@@ -109,8 +102,6 @@ class _Channel:
         self._post(_End(error))
 
     def _post(self, item: str | _End) -> bool:
-        if self.loop is None:
-            return False
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
             return True
@@ -309,61 +300,38 @@ class TransformersLLM:
 
     def _prewarm(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> int:
         ids = self.encode_chat(messages, generation_prompt=False)
-        if not ids:
-            return 0
-        chan = _Channel.stopped_by(stop)
         stats = CallStats()
         with torch.inference_mode():
             slots = self.graph_slots
-            if slots is not None:
+            if slots is not None and ids:
                 self._check_length(len(ids), slots.max_len, "the CUDA-graph KV cache's")
                 slot = slots.take(ids, stop)
                 if slot is None:
                     return 0
                 valid = False
                 try:
-                    keep = common_prefix_len(slot.ids, ids)
-                    slot.crop(keep)
-                    if len(ids) - keep >= PREWARM_MIN_TOKENS:
-                        dec = slot.decoder
-                        self._prefill(
-                            ids,
-                            keep,
-                            lambda chunk, start: dec.prefill(
-                                torch.tensor(chunk, dtype=torch.long, device=self.device), start
-                            ),
-                            slot.ids,
-                            chan,
-                            stats,
-                        )
+                    self._slot_prefill(slot, ids, len(ids), stop, stats, PREWARM_MIN_TOKENS)
                     valid = True
                 finally:
                     slots.put_back(slot, valid)
-                return stats.prefilled_tokens
-            if key is None:
-                return 0
-            owned, entry = self.caches.take(key, stop, wait_s=0.0)  # a call holds it: it is not idle any more
-            if not owned:
-                return 0
-            keep_entry = entry
-            try:
-                self._check_length(len(ids), self.max_positions, "the model's")
-                if entry is not None and entry.cache.get_seq_length() == len(entry.ids):
-                    keep = common_prefix_len(entry.ids, ids)
-                    crop_cache(entry.cache, len(entry.ids), keep)
-                    del entry.ids[keep:]
-                    cache, fed = entry.cache, entry.ids
-                else:
-                    keep, cache, fed = 0, self._new_cache(), []
-                keep_entry = CacheEntry(fed, cache)
-                if len(ids) - keep >= PREWARM_MIN_TOKENS:
-                    self._prefill(ids, keep, lambda chunk, _: self._forward(chunk, cache), fed, chan, stats)
-            except Exception:
-                keep_entry = None
-                raise
-            finally:
-                self.caches.put_back(key, keep_entry)
-            return stats.prefilled_tokens
+            elif key is not None and ids:
+                owned, entry = self.caches.take(key, stop, wait_s=0.0)  # held by a call: not idle any more
+                if not owned:
+                    return 0
+                keep_entry: CacheEntry | None = None
+                try:
+                    self._check_length(len(ids), self.max_positions, "the model's")
+                    cache, keep = self._reuse(entry, ids, len(ids))
+                    keep_entry = CacheEntry(ids[:keep], cache)
+                    if len(ids) - keep >= PREWARM_MIN_TOKENS:
+                        forward = functools.partial(self._cache_forward, cache)
+                        self._prefill(ids, keep, forward, keep_entry.ids, stop, stats)
+                except Exception:
+                    keep_entry = None  # a half-fed cache is no use
+                    raise
+                finally:
+                    self.caches.put_back(key, keep_entry)
+        return stats.prefilled_tokens
 
     def with_options(self, **changes: Any) -> TransformersLLM:
         """A sibling sharing this one's weights and tokenizer, with other sampling settings
@@ -516,17 +484,11 @@ class TransformersLLM:
         stats.prompt_tokens = len(ids)
         self._check_length(len(ids), self.max_positions, "the model's")
         # Reuse the longest common prefix; at least one token must be fed to get logits.
-        keep = 0
-        cache = None
-        if entry is not None and entry.cache.get_seq_length() == len(entry.ids):
-            keep = min(common_prefix_len(entry.ids, ids), len(ids) - 1)
-            if keep > 0:
-                cache = entry.cache
-                crop_cache(cache, len(entry.ids), keep)
-        if cache is None:
-            cache, keep = self._new_cache(), 0
+        cache, keep = self._reuse(entry, ids, len(ids) - 1)
         fed = ids[:keep]
-        logits = self._prefill(ids, keep, lambda chunk, _: self._forward(chunk, cache), fed, chan, stats)
+        logits = self._prefill(
+            ids, keep, functools.partial(self._cache_forward, cache), fed, chan.stop, stats
+        )
         if logits is None:
             return CacheEntry(fed, cache)
 
@@ -538,13 +500,27 @@ class TransformersLLM:
         self._sample(logits, feed, chan, stats)
         return CacheEntry(fed, cache)
 
+    def _reuse(self, entry: CacheEntry | None, ids: list[int], limit: int) -> tuple[Any, int]:
+        """``entry``'s cache cropped to its longest common prefix with ``ids`` (at most ``limit`` tokens) and
+        that length, or a new cache and 0."""
+        if entry is not None and entry.cache.get_seq_length() == len(entry.ids):
+            keep = min(common_prefix_len(entry.ids, ids), limit)
+            if keep > 0:
+                crop_cache(entry.cache, len(entry.ids), keep)
+                return entry.cache, keep
+        return self._new_cache(), 0
+
+    def _cache_forward(self, cache: Any, chunk: list[int], start: int) -> torch.Tensor:
+        """A prefill ``forward`` for the CPU cache (which knows its own positions)."""
+        return self._forward(chunk, cache)
+
     def _prefill(
         self,
         ids: list[int],
         keep: int,
         forward: Callable[[list[int], int], torch.Tensor],
         fed: list[int],
-        chan: _Channel,
+        stop: threading.Event,
         stats: CallStats,
     ) -> torch.Tensor | None:
         """Feed ``ids[keep:]`` (the first ``keep`` are already cached) in ``PREFILL_CHUNK`` pieces through
@@ -553,7 +529,7 @@ class TransformersLLM:
         self.reused_tokens += keep
         logits: torch.Tensor | None = None
         for start in range(keep, len(ids), PREFILL_CHUNK):
-            if chan.stop.is_set():
+            if stop.is_set():
                 stats.stop_reason = "cancelled"
                 return None
             chunk = ids[start : start + PREFILL_CHUNK]
@@ -636,16 +612,32 @@ class TransformersLLM:
         finally:
             slots.put_back(slot, valid)
 
-    def _run_graph(self, slot: GraphSlot, ids: list[int], chan: _Channel, stats: CallStats) -> None:
-        dec = slot.decoder
-        # Reuse the longest common prefix; at least one token must be fed to get logits.
-        keep = min(common_prefix_len(slot.ids, ids), len(ids) - 1)
+    def _slot_prefill(
+        self,
+        slot: GraphSlot,
+        ids: list[int],
+        limit: int,
+        stop: threading.Event,
+        stats: CallStats,
+        min_new: int = 1,
+    ) -> torch.Tensor | None:
+        """Crop ``slot`` to its longest common prefix with ``ids`` (at most ``limit`` tokens) and prefill the
+        rest through its graphs, unless fewer than ``min_new`` are missing; the last logits, or None."""
+        keep = min(common_prefix_len(slot.ids, ids), limit)
         slot.crop(keep)
+        if len(ids) - keep < min_new:
+            return None
+        dec = slot.decoder
 
         def forward(chunk: list[int], start: int) -> torch.Tensor:
             return dec.prefill(torch.tensor(chunk, dtype=torch.long, device=self.device), start)
 
-        logits = self._prefill(ids, keep, forward, slot.ids, chan, stats)
+        return self._prefill(ids, keep, forward, slot.ids, stop, stats)
+
+    def _run_graph(self, slot: GraphSlot, ids: list[int], chan: _Channel, stats: CallStats) -> None:
+        dec = slot.decoder
+        # Reuse the longest common prefix; at least one token must be fed to get logits.
+        logits = self._slot_prefill(slot, ids, len(ids) - 1, chan.stop, stats)
         if logits is None:
             return
 
