@@ -342,7 +342,7 @@ def _sample_in_bands(canvas: Tensor, grid: Tensor) -> Tensor:
     thread when the batch is smaller than the thread count: torch's CPU kernel parallelizes over the batch
     only, so a single frame would run on one core. Same values as one call."""
     b, h, w, _ = grid.shape
-    bands = min(torch.get_num_threads(), h) // b if b < torch.get_num_threads() else 1
+    bands = min(torch.get_num_threads() // b, h)
     if bands <= 1:
         return F.grid_sample(canvas, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     rows = -(-h // bands)

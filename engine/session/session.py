@@ -270,10 +270,14 @@ class Session:
             }
         )
 
-    def _reply_context(self, early: _EarlyReply | None = None) -> ReplyContext:
-        if self._prewarm is not None:  # a reply needs the model (and the cache) now
+    def _stop_prewarm(self) -> None:
+        """A reply needs the model (and the cache) now: the prewarm stops at its next prefill chunk."""
+        if self._prewarm is not None:
             self._prewarm.cancel()
             self._prewarm = None
+
+    def _reply_context(self, early: _EarlyReply | None = None) -> ReplyContext:
+        self._stop_prewarm()
         return ReplyContext(
             llm=self.models.llm,
             tts=self.models.tts,
@@ -388,6 +392,7 @@ class Session:
             self.prompt.record_turn(turn, remembered or played, interrupted), f"record{turn.turn_id}"
         )
         if self.settings.llm.prewarm:
+            self._stop_prewarm()
             self._prewarm = self._owner.spawn(self._prewarm_next(record), f"prewarm{turn.turn_id}")
         self._reply_turn = None
 

@@ -110,9 +110,8 @@ class VoiceActivityDetector:
         self._silence_start = 0.0
         self._paused = False
         self._peak_rms = 0.0  # the loudest 8 ms block of the current turn's speech
-        self._sooner: tuple[float, float] | None = (
-            None  # (silence start, end-of-turn silence s) for that silence
-        )
+        # (silence start, its end-of-turn silence in s): set by end_turn_sooner for that silence only
+        self._sooner: tuple[float, float] | None = None
         self._blocks.clear()  # (end time, rms) of the latest 8 ms blocks
         self.last_probability = 0.0
 
