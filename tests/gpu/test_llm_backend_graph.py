@@ -16,7 +16,7 @@ import torch
 
 from engine.llm.config import LLMConfig
 from engine.llm.transformers_backend import TransformersLLM
-from tests.llm.conftest import chat, collect
+from tests.llm.conftest import chat, collect, first_pieces
 from tests.llm.word_tokenizer import build_word_tokenizer
 
 pytestmark = [
@@ -71,11 +71,7 @@ async def test_graph_path_stops_on_close_and_returns_its_slot(tokenizer_dir: Pat
     llm = cuda_llm(tokenizer_dir, max_new_tokens=400, no_repeat_ngram_size=0, temperature=0.8)
     llm.stop_ids = []
     stream = llm.stream(chat("Tell me a long story."))
-    got = []
-    async for piece in stream:
-        got.append(piece)
-        if len(got) == 3:
-            break
+    await first_pieces(stream, 3)
     t0 = time.perf_counter()
     await stream.aclose()
     assert time.perf_counter() - t0 < 1.0

@@ -37,6 +37,16 @@ async def collect(stream: AsyncIterator[str]) -> list[str]:
     return [piece async for piece in stream]
 
 
+async def first_pieces(stream: AsyncIterator[str], n: int) -> list[str]:
+    """The first ``n`` pieces, leaving the stream open (generation goes on until it is closed)."""
+    out: list[str] = []
+    async for piece in stream:
+        out.append(piece)
+        if len(out) == n:
+            break
+    return out
+
+
 @pytest.fixture(scope="session")
 def smollm() -> TransformersLLM:
     """The bundled model, greedy, short replies, on CPU. Tests derive variants with ``with_options``."""

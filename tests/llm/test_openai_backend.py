@@ -22,7 +22,7 @@ from engine.llm.config import LLMConfig
 from engine.llm.factory import close_llm, describe, load_llm
 from engine.llm.openai_backend import OpenAICompatibleLLM
 from engine.llm.transformers_backend import TransformersLLM, TransformersStream
-from tests.llm.conftest import chat, collect
+from tests.llm.conftest import chat, collect, first_pieces
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -150,11 +150,7 @@ async def test_closing_the_iterator_aborts_the_request(smollm: TransformersLLM, 
     url = await serve(model_server(smollm, log))
     llm = client(url, max_new_tokens=400, no_repeat_ngram_size=0)
     stream = llm.stream(chat("Tell me a very long story about a dragon."))
-    got = []
-    async for piece in stream:
-        got.append(piece)
-        if len(got) == 2:
-            break
+    await first_pieces(stream, 2)
     await stream.aclose()  # type: ignore[attr-defined]
     await asyncio.wait_for(log.disconnected.wait(), 10.0)
     thread = log.streams[0].thread

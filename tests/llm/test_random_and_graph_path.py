@@ -23,7 +23,7 @@ from engine.llm.random_model import speakable_ids
 from engine.llm.transformers_backend import TransformersLLM
 from engine.text.chunker import ReplyChunker
 from engine.tts.config import TTSConfig
-from tests.llm.conftest import chat, collect
+from tests.llm.conftest import chat, collect, first_pieces
 from tests.llm.word_tokenizer import build_word_tokenizer
 
 WORDS = re.compile(r"[A-Za-z]+|[.,!?]")
@@ -144,11 +144,7 @@ async def test_graph_path_cancels_and_waits_for_a_free_slot(tokenizer_dir: Path)
     slots = graph.graph_slots
     assert slots is not None
     stream = graph.stream(chat("Tell me a long story."))
-    got = []
-    async for piece in stream:
-        got.append(piece)
-        if len(got) == 3:
-            break
+    await first_pieces(stream, 3)
     # One slot, held by the open stream: a second stream waits for it.
     second = asyncio.ensure_future(collect(graph.with_options(max_new_tokens=4).stream(chat("Hi!"))))
     await asyncio.sleep(0.2)

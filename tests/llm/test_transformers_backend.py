@@ -10,8 +10,8 @@ from contextlib import suppress
 import pytest
 
 from engine.llm.base import LLMError
-from engine.llm.transformers_backend import CHANNEL_PIECES, TransformersLLM, TransformersStream, _Detokenizer
-from tests.llm.conftest import chat, collect
+from engine.llm.transformers_backend import CHANNEL_PIECES, TransformersLLM, _Detokenizer
+from tests.llm.conftest import chat, collect, first_pieces
 
 pytestmark = pytest.mark.integration
 
@@ -80,15 +80,6 @@ async def test_prewarm_puts_the_next_prompts_start_in_the_cache(smollm: Transfor
     assert await llm.prewarm(trimmed) == 0
 
 
-async def _pieces_then(stream: TransformersStream, n: int) -> list[str]:
-    out: list[str] = []
-    async for piece in stream:
-        out.append(piece)
-        if len(out) == n:
-            break
-    return out
-
-
 @pytest.mark.parametrize("how", ["aclose", "cancel", "drop"])
 async def test_closing_or_cancelling_stops_the_worker(smollm: TransformersLLM, how: str) -> None:
     llm = smollm.with_options(max_new_tokens=400, no_repeat_ngram_size=0)
@@ -109,7 +100,7 @@ async def test_closing_or_cancelling_stops_the_worker(smollm: TransformersLLM, h
         with suppress(asyncio.CancelledError):
             await task
     else:
-        await _pieces_then(stream, 3)
+        await first_pieces(stream, 3)
     thread = stream.thread
     assert thread is not None
     start = time.perf_counter()
@@ -173,13 +164,13 @@ async def test_after_a_barge_in_the_next_turn_reuses_the_heard_prefix(smollm: Tr
     llm = smollm.with_options(max_new_tokens=400)
     first = chat("Tell me about your favourite song.")
     stream = llm.stream(first, cache_key="barge")
-    heard = await _pieces_then(stream, 4)
+    heard = await first_pieces(stream, 4)
     await stream.aclose()  # returns once the worker has put the cache back
     assert llm.caches.cached_tokens("barge") > 0
 
     second = chat("Tell me about your favourite song.", "".join(heard), "Sorry, go on!")
     stream = llm.stream(second, cache_key="barge")
-    await _pieces_then(stream, 1)
+    await first_pieces(stream, 1)
     await stream.aclose()
     s = llm.last_call
     assert s.reused_tokens >= len(llm.encode_chat(first)) + 1
