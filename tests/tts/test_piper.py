@@ -15,7 +15,7 @@ from engine.tts.alignment import PAUSE
 from engine.tts.base import OUTPUT_RATE, Synthesis
 from engine.tts.config import TTSConfig
 from engine.tts.factory import load_tts
-from engine.tts.piper_backend import LEAD_KEEP_S, PiperTTS, SourceSpeech, resolve_voice
+from engine.tts.piper_backend import LEAD_KEEP_S, LEAD_QUIET, PiperTTS, SourceSpeech, resolve_voice
 from engine.tts.resample import output_length
 
 pytestmark = pytest.mark.integration
@@ -158,7 +158,7 @@ def test_bad_voice_settings_name_the_key(tmp_path: Path) -> None:
 
 def test_opening_pause_is_trimmed_without_touching_the_first_phoneme(tts: PiperTTS) -> None:
     src = tts.speak_source("Hello there, friends.")
-    loud = np.flatnonzero(np.abs(src.pcm.astype(np.int32)) > 300)
+    loud = np.flatnonzero(np.abs(src.pcm.astype(np.int32)) > LEAD_QUIET)
     first_phoneme = next(u for u in src.units if u.group != -1)
     assert len(loud) and loud[0] < first_phoneme.end, "the first phoneme is audible"
     # the cut keeps LEAD_KEEP_S of the pause before the first sound or the first phoneme, whichever comes first:
