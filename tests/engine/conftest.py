@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 
+from engine.bench.voice import EngineConnection
+from engine.clock import MediaClock
 from engine.config import Settings, load_settings
 from engine.models import EngineModels, load_models
 from tests.surfaces.harness import LiveServer, free_port, live_server
@@ -27,7 +30,18 @@ def models(settings: Settings) -> EngineModels:
 
 
 # One live-server harness for every test suite (tests/surfaces/harness.py); re-exported for these tests.
-__all__ = ["LiveServer", "free_port", "live_server"]
+__all__ = ["LiveServer", "connected", "free_port", "live_server"]
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str, with_video: bool = True) -> AsyncIterator[EngineConnection]:
+    """The bench's client (a real aiortc peer), connected to the engine at ``url``; closed on exit."""
+    c = EngineConnection(url, MediaClock())
+    await c.open(with_video=with_video)
+    try:
+        yield c
+    finally:
+        await c.close()
 
 
 @pytest.fixture

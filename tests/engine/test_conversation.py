@@ -12,12 +12,11 @@ import pytest
 
 from engine.asr.wer import wer
 from engine.bench.voice import EngineConnection
-from engine.clock import MediaClock
 from engine.config import Settings
 from engine.llm.base import ChatMessage
 from engine.models import EngineModels, load_vad_factory
 from tests.conftest import resample_linear, synthesize_speech
-from tests.engine.conftest import LiveServer, live_server
+from tests.engine.conftest import LiveServer, connected, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +30,8 @@ def speech_48k(text: str, pad_s: float = 1.0) -> np.ndarray:
 
 @pytest.fixture
 async def conn(server: LiveServer) -> AsyncIterator[EngineConnection]:
-    c = EngineConnection(server.url, MediaClock())
-    await c.open()
-    try:
+    async with connected(server.url) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def next_event(c: EngineConnection, kind: str, limit_s: float = 60) -> dict[str, Any]:
@@ -134,11 +129,7 @@ class _FailingOnce:
 
 
 async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: LiveServer) -> None:
-    a = EngineConnection(server.url, MediaClock())
-    b = EngineConnection(server.url, MediaClock())
-    await a.open()
-    await b.open()
-    try:
+    async with connected(server.url) as a, connected(server.url) as b:
         session_a = server.engine.sessions[a.session_id]
         session_a.models = dataclasses.replace(session_a.models, llm=_FailingOnce(session_a.models.llm))
         await a.say("Hello?")
@@ -152,9 +143,6 @@ async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: L
         await a.say("Are you still there?")
         again = await next_event(a, "turn_completed")
         assert again["played_text"] and not again["timings"]["error"]
-    finally:
-        await a.close()
-        await b.close()
 
 
 # ---- early replies: started on the pause, silent until the end of the turn confirms them ----------
@@ -191,9 +179,7 @@ async def collect_turn(c: EngineConnection, limit_s: float = 90) -> list[dict[st
 async def test_early_reply_is_confirmed_at_the_end_of_turn_and_only_then_heard(
     slow_eot_server: LiveServer,
 ) -> None:
-    c = EngineConnection(slow_eot_server.url, MediaClock())
-    await c.open(with_video=False)
-    try:
+    async with connected(slow_eot_server.url, with_video=False) as c:
         clip = c.mic.play(speech_48k("What is your favorite color?", pad_s=3.5))
         events = await collect_turn(c)
         session = slow_eot_server.engine.sessions[c.session_id]
@@ -210,14 +196,10 @@ async def test_early_reply_is_confirmed_at_the_end_of_turn_and_only_then_heard(
         assert clip.sent_end is not None
         heard = c.received.first_loud_after(clip.sent_end)
         assert heard is not None and heard - clip.sent_end >= 2.5, "no reply audio during the silence"
-    finally:
-        await c.close()
 
 
 async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_server: LiveServer) -> None:
-    c = EngineConnection(slow_eot_server.url, MediaClock())
-    await c.open(with_video=False)
-    try:
+    async with connected(slow_eot_server.url, with_video=False) as c:
         session = slow_eot_server.engine.sessions[c.session_id]
         first = c.mic.play(speech_48k("What is your favorite", pad_s=0.0))
         await first.done.wait()
@@ -237,16 +219,12 @@ async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_se
         assert kinds.index("user_turn") < kinds.index("reply_token")
         assert events[-1]["played_text"].strip()
         assert session._early is None
-    finally:
-        await c.close()
 
 
 async def test_a_finished_question_ends_the_turn_sooner_a_statement_waits(
     question_server: LiveServer,
 ) -> None:
-    c = EngineConnection(question_server.url, MediaClock())
-    await c.open(with_video=False)
-    try:
+    async with connected(question_server.url, with_video=False) as c:
         gaps = {}
         for text in ("What is your favorite color?", "I had pancakes for breakfast today"):
             c.mic.play(speech_48k(text, pad_s=4.0))
@@ -256,5 +234,3 @@ async def test_a_finished_question_ends_the_turn_sooner_a_statement_waits(
         # the question ends as soon as its transcript is in (well inside the 2.5 s); the statement waits
         assert 200 <= gaps["?"] < 1500, gaps
         assert gaps["y"] >= 2500, gaps
-    finally:
-        await c.close()

@@ -9,11 +9,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.bench.voice import EngineConnection
-from engine.clock import MediaClock
 from engine.config import Settings
 from engine.models import EngineModels
-from tests.engine.conftest import LiveServer, live_server
+from tests.engine.conftest import LiveServer, connected, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +30,7 @@ async def persona_server(
 
 async def test_a_viewer_fact_is_written_back_and_recalled(persona_server: LiveServer) -> None:
     engine = persona_server.engine
-    conn = EngineConnection(persona_server.url, MediaClock())
-    await conn.open(with_video=False)
-    try:
+    async with connected(persona_server.url, with_video=False) as conn:
         session = engine.sessions[conn.session_id]
         assert session.prompt is engine.persona
         async with aiohttp.ClientSession() as http:
@@ -52,6 +48,4 @@ async def test_a_viewer_fact_is_written_back_and_recalled(persona_server: LiveSe
             await conn.wait_event("turn_completed", 120)
         recalled = " ".join(str(m) for m in engine.persona.last_memories).lower()
         assert "ramen" in recalled, recalled
-    finally:
-        await conn.close()
-        await asyncio.sleep(0)
+    await asyncio.sleep(0)

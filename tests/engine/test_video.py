@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from engine.bench.voice import EngineConnection, video_report
-from engine.clock import MediaClock
+from engine.bench.voice import video_report
 from engine.config import Settings
 from engine.models import EngineModels
-from tests.engine.conftest import LiveServer, live_server
+from tests.engine.conftest import LiveServer, connected, live_server
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +28,7 @@ async def video_server(settings: Settings, models: EngineModels) -> AsyncIterato
 
 
 async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_server: LiveServer) -> None:
-    conn = EngineConnection(video_server.url, MediaClock())
-    await conn.open(with_video=True)
-    try:
+    async with connected(video_server.url, with_video=True) as conn:
         await conn.say("Please say a long sentence about the weather today.")
         done = await conn.wait_event("turn_completed", 120)
         assert done["played_text"]
@@ -60,5 +57,3 @@ async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_serv
         offset = report["lipsync_offset_ms"]
         if offset["n"]:  # the bench holds the real target; here only a sanity bound
             assert abs(offset["mean"]) < 200
-    finally:
-        await conn.close()
