@@ -280,7 +280,13 @@ async def run_voice_bench(
     character: str = "builtin:default",
     client_jitter_frames: int = 2,
     same_host: bool = False,
+    start_delay_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One client, start to end: connect, ask ``questions`` (then the barge-in rounds), report.
+
+    Several of these run side by side in ``idolcast bench --sessions N`` (engine/bench/sessions.py),
+    each on its own clock and peer; ``start_delay_s`` staggers a client's first question after it connected.
+    """
     clock = MediaClock()
     conn = EngineConnection(url, clock, character, jitter_frames=client_jitter_frames)
     conn.same_host = same_host
@@ -289,7 +295,7 @@ async def run_voice_bench(
     stops: list[float] = []
     barge_skipped = 0
     try:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5 + start_delay_s)
         for q in questions:
             r = await ask(conn, q)
             turns.append(r)
@@ -308,6 +314,7 @@ async def run_voice_bench(
     wer = word_error_rate([q.text for q in questions], [t.transcript for t in turns])
     stage_names = sorted({k for t in turns for k in t.stages_ms})
     return {
+        "session_id": conn.session_id,
         "voice_to_voice_ms": summarize(v2v),
         "barge_in_stop_ms": summarize(stops),
         "barge_in_rounds_not_counted": barge_skipped,
