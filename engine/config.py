@@ -32,7 +32,24 @@ class ServerConfig(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(256 * 1024, ge=1024, description="largest accepted request body")
     max_sessions: int = Field(8, ge=1, le=1024)
-    ice_servers: list[str] = Field(default_factory=list, description="STUN/TURN URLs given to peers")
+    ice_servers: list[str] = Field(
+        default_factory=list,
+        description="STUN/TURN URLs the engine uses and gives to the pages (GET /api/ice-servers)",
+    )
+    ice_username: str = Field("", description="username for the turn:/turns: URLs in ice_servers")
+    ice_credential: str = Field("", description="credential (password) for the turn:/turns: URLs")
+    ice_port_min: int = Field(
+        0, ge=0, le=65535, description="lowest local UDP port for WebRTC media (0: any port, the OS picks)"
+    )
+    ice_port_max: int = Field(
+        0, ge=0, le=65535, description="highest local UDP port for WebRTC media (0: any port)"
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="on SIGTERM: how long running sessions may finish before they are closed",
+    )
     mic_jitter_frames: int = Field(
         1,
         ge=1,
@@ -45,6 +62,13 @@ class ServerConfig(BaseModel):
 class PersonaConfig(BaseModel):
     card: str = Field("builtin:default", description="'builtin:default' or a persona card file")
     memory_db: str = Field("var/memory.sqlite3", description="SQLite file of the memory bank")
+    memory_backend: Literal["sqlite", "postgres"] = Field(
+        "sqlite",
+        description="'sqlite' (memory_db, embedded) or 'postgres' (memory_dsn, shared by every engine replica)",
+    )
+    memory_dsn: str = Field(
+        "", description="PostgreSQL connection string (libpq DSN or URL) when memory_backend = 'postgres'"
+    )
     enabled: bool = Field(True, description="use the persona memory bank (else a plain system prompt)")
     system_prompt: str = Field(
         "You are Aiko, a cheerful virtual idol co-hosting a live stream. "

@@ -3,17 +3,18 @@ kept consistent. Every method here is blocking: call it from a worker thread in 
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from persona.embed import Embedder
 from persona.index import VectorIndex
 from persona.retrieval import RetrievalWeights, Scored, embed_text, focus_subjects, query_tokens, retrieve
-from persona.store import KINDS, Memory, MemoryStore, normalize_username
+from persona.store import KINDS, Conn, Memory, MemoryStore, normalize_username
 
 
 class MemoryNotFound(LookupError):
@@ -41,6 +42,7 @@ class MemoryBank:
         self.index_path = Path(index_path) if index_path is not None else None
         self.index = index or VectorIndex(embedder.dim)
         self._lock = threading.RLock()
+        self._change_seq = store.change_seq()  # before the index is read: later changes are replayed
         self.index_state = self.index.open(store, persona, self._index_file())
 
     @classmethod
@@ -48,6 +50,13 @@ class MemoryBank:
         store = MemoryStore(db_path)
         index_path = None if str(db_path) == ":memory:" else Path(str(db_path) + ".usearch")
         return cls(store, embedder, persona, index_path=index_path, **kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def open_postgres(cls, dsn: str, embedder: Embedder, persona: str, **kw: object) -> MemoryBank:
+        """A bank over a shared PostgreSQL (no index file: each engine builds its index from the rows)."""
+        from persona.pgstore import PostgresMemoryStore
+
+        return cls(PostgresMemoryStore(dsn), embedder, persona, index_path=None, **kw)  # type: ignore[arg-type]
 
     def _index_file(self) -> Path | None:
         if self.index_path is None:
@@ -57,13 +66,32 @@ class MemoryBank:
     # ---- consistency between store and index ---------------------------------------------
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[Conn]:
         """A store transaction; afterwards the index is known to match the store only if no one
         else wrote in between (else it will be rebuilt at the next open instead of loaded)."""
         with self._lock, self.store.transaction() as conn:
             before = int(conn.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()[0])
             yield conn
         self.index.generation = before + 1 if self.index.generation == before else -1
+
+    def sync(self) -> int:
+        """Bring the index in step with memories other engines wrote or deleted in a shared store
+        (see :mod:`persona.pgstore`); returns how many memories changed (-1: rebuilt)."""
+        with self._lock:
+            got = self.store.changes_since(self.persona, self._change_seq)
+            if got is None:  # the change log no longer reaches back: rebuild from the rows
+                self._change_seq = self.store.change_seq()
+                self.index.rebuild(self.store, self.persona)
+                return -1
+            seq, changes = got
+            if changes:
+                self.index.remove([mid for mid, active in changes if not active])
+                live = [(m, v) for m, v in self.store.get_with_embeddings([mid for mid, a in changes if a])]
+                live = [(m, v) for m, v in live if m.superseded_by is None and m.persona == self.persona]
+                if live:
+                    self.index.add([m.id for m, _ in live], np.stack([v for _, v in live]))
+            self._change_seq = seq
+            return len(changes)
 
     def save_index(self) -> None:
         path = self._index_file()
@@ -75,6 +103,7 @@ class MemoryBank:
             self.save_index()
             self.persona = persona
             self.index = VectorIndex(self.embedder.dim)
+            self._change_seq = self.store.change_seq()
             self.index_state = self.index.open(self.store, persona, self._index_file())
 
     def close(self) -> None:
@@ -86,6 +115,7 @@ class MemoryBank:
 
     def search(self, query: str, k: int = 5, speaker: str | None = None) -> list[Scored]:
         """The ``k`` best memories for a query (as a turn by ``speaker`` would retrieve them)."""
+        self.sync()
         vec = self.embedder.embed([query])[0]
         user = normalize_username(speaker) if speaker else None
         tokens = query_tokens(query)

@@ -60,6 +60,10 @@ class VectorIndex:
     def __len__(self) -> int:
         return len(self._index)
 
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return isinstance(key, int) and key >= 0 and key in self._index
+
     def add(self, ids: Iterable[int] | np.ndarray, vectors: np.ndarray) -> None:
         keys = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=np.uint64)
         if len(keys) == 0:

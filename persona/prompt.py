@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from persona.facts import FactExtractor, RuleFactExtractor
 from persona.guard import ConsistencyGuard
 from persona.retrieval import Scored
 from persona.sanitize import clean_username, neutralize, normalize_text, wrap_chat
+from persona.store import Conn
 from persona.tokens import MESSAGE_OVERHEAD, TokenCounter, approx_tokens, truncate_to_tokens
 from persona.writeback import Exchange, ExtractiveSummarizer, Summarizer, apply_facts, store_episode
 
@@ -99,7 +99,11 @@ class PersonaPromptProvider:
         from persona.embed import MiniLMEmbedder
 
         card = load_card(cfg.card)
-        bank = MemoryBank.open(cfg.memory_db, embedder or MiniLMEmbedder(), card.id)
+        emb = embedder or MiniLMEmbedder()
+        if getattr(cfg, "memory_backend", "sqlite") == "postgres":
+            bank = MemoryBank.open_postgres(cfg.memory_dsn, emb, card.id)
+        else:
+            bank = MemoryBank.open(cfg.memory_db, emb, card.id)
         settings = ProviderSettings(
             token_budget=cfg.token_budget,
             memories_per_turn=cfg.memories_per_turn,
@@ -285,7 +289,7 @@ class PersonaPromptProvider:
             names = [f.text.split(" is ", 1)[-1] for f in facts if f.slot == "name" and f.subject == speaker]
             display = names[-1] if names else None
 
-            def profile(conn: sqlite3.Connection) -> None:
+            def profile(conn: Conn) -> None:
                 self.bank.store.touch_profile(conn, self.card.id, speaker, display, now)
 
         apply_facts(self.bank, facts, now, also=profile)  # one transaction, one commit per turn

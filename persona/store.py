@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -30,6 +30,24 @@ from persona.migrations import migrate
 MemoryKind = Literal["viewer_fact", "self_fact", "stream_event"]
 KINDS: tuple[str, ...] = ("viewer_fact", "self_fact", "stream_event")
 _COLS = "id, persona, kind, subject, text, importance, created_at, updated_at, slot, mentions, superseded_by, source"
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """What a write transaction hands out: a DB-API connection with ``?`` placeholders (SQLite's
+    own, or :class:`persona.pgstore.PgConn`, which translates the few dialect differences)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +113,13 @@ def _like_escape(s: str) -> str:
 
 
 class MemoryStore:
-    """Memories, viewer profiles and episodic summaries of every persona, in one SQLite file."""
+    """Memories, viewer profiles and episodic summaries of every persona, in one SQLite file.
+
+    The SQL here is the common subset of SQLite and PostgreSQL (``RETURNING``, ``ON CONFLICT``);
+    :class:`persona.pgstore.PostgresMemoryStore` reuses it over a shared PostgreSQL."""
+
+    #: case-insensitive LIKE of the dialect (SQLite's LIKE already is, for ASCII)
+    ILIKE = "LIKE"
 
     def __init__(
         self,
@@ -131,7 +155,7 @@ class MemoryStore:
     # ---- transactions ---------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Conn]:
         """One durable write: committed (and the generation bumped) on exit, rolled back on error."""
         with self._wlock:
             self._w.execute("BEGIN IMMEDIATE")
@@ -153,11 +177,22 @@ class MemoryStore:
     def integrity_check(self) -> str:
         return str(self._read("PRAGMA integrity_check")[0][0])
 
+    def changes_since(self, persona: str, seq: int) -> tuple[int, list[tuple[int, bool]]] | None:
+        """Memories of ``persona`` added, changed or deleted by *other processes* since change
+        ``seq``: (latest seq, [(memory id, active now)]). The embedded SQLite store has one
+        writer, this process, so there is nothing to follow: ``(0, [])``. ``None``: the log no
+        longer reaches back to ``seq`` (rebuild the index)."""
+        return 0, []
+
+    def change_seq(self) -> int:
+        """The latest change number (see :meth:`changes_since`)."""
+        return 0
+
     # ---- memories -------------------------------------------------------------------
 
     def insert_memory(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         *,
         persona: str,
         kind: str,
@@ -175,7 +210,7 @@ class MemoryStore:
         t = self.clock() if now is None else now
         cur = conn.execute(
             "INSERT INTO memories (persona, kind, subject, text, importance, created_at, updated_at, "
-            "embedding, slot, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "embedding, slot, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
                 persona,
                 kind,
@@ -189,7 +224,7 @@ class MemoryStore:
                 source,
             ),
         )
-        return int(cur.lastrowid or 0)
+        return int(cur.fetchone()[0])
 
     def add_memory(self, **kw: Any) -> int:
         with self.transaction() as conn:
@@ -279,7 +314,7 @@ class MemoryStore:
         return [Memory(*r) for r in self._read(sql, [*args, limit, offset])]
 
     def count(self, persona: str | None = None, active_only: bool = False) -> int:
-        sql, args = "SELECT COUNT(*) FROM memories WHERE 1", []
+        sql, args = "SELECT COUNT(*) FROM memories WHERE 1 = 1", []
         if persona is not None:
             sql += " AND persona = ?"
             args.append(persona)
@@ -299,7 +334,7 @@ class MemoryStore:
             frontier = [m.id for m in found]
         return sorted(out, key=lambda m: m.updated_at, reverse=True)
 
-    def delete_memories(self, conn: sqlite3.Connection, ids: Sequence[int]) -> int:
+    def delete_memories(self, conn: Conn, ids: Sequence[int]) -> int:
         if not ids:
             return 0
         q = ",".join("?" * len(ids))
@@ -308,13 +343,13 @@ class MemoryStore:
     # ---- viewer profiles and episodes ---------------------------------------------------
 
     def touch_profile(
-        self, conn: sqlite3.Connection, persona: str, username: str, display_name: str | None, now: float
+        self, conn: Conn, persona: str, username: str, display_name: str | None, now: float
     ) -> None:
         conn.execute(
             "INSERT INTO viewer_profiles (persona, username, display_name, first_seen, last_seen, turns) "
             "VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT (persona, username) DO UPDATE SET "
-            "last_seen = excluded.last_seen, turns = turns + 1, "
-            "display_name = COALESCE(excluded.display_name, display_name)",
+            "last_seen = excluded.last_seen, turns = viewer_profiles.turns + 1, "
+            "display_name = COALESCE(excluded.display_name, viewer_profiles.display_name)",
             (persona, username, display_name, now, now),
         )
 
@@ -336,7 +371,7 @@ class MemoryStore:
 
     def add_episode(
         self,
-        conn: sqlite3.Connection,
+        conn: Conn,
         persona: str,
         started: float,
         ended: float,
@@ -345,10 +380,11 @@ class MemoryStore:
         speakers: str,
     ) -> int:
         cur = conn.execute(
-            "INSERT INTO episodes (persona, started_at, ended_at, turns, summary, speakers) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO episodes (persona, started_at, ended_at, turns, summary, speakers) "
+            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             (persona, started, ended, turns, summary, speakers),
         )
-        return int(cur.lastrowid or 0)
+        return int(cur.fetchone()[0])
 
     def episodes(self, persona: str, limit: int = 1000) -> list[Episode]:
         rows = self._read(
@@ -383,13 +419,14 @@ class MemoryStore:
             for name in names:
                 like = f"%{_like_escape(name)}%"
                 for mid, text in conn.execute(
-                    f"SELECT id, text FROM memories WHERE {scope}text LIKE ? ESCAPE '\\'", [*sargs, like]
+                    f"SELECT id, text FROM memories WHERE {scope}text {self.ILIKE} ? ESCAPE '\\'",
+                    [*sargs, like],
                 ):
                     if pat.search(text):
                         ids.add(mid)
                 for eid, text, speakers in conn.execute(
-                    f"SELECT id, summary, speakers FROM episodes WHERE {scope}(summary LIKE ? ESCAPE '\\' "
-                    "OR speakers LIKE ? ESCAPE '\\')",
+                    f"SELECT id, summary, speakers FROM episodes WHERE {scope}(summary {self.ILIKE} ? ESCAPE '\\' "
+                    f"OR speakers {self.ILIKE} ? ESCAPE '\\')",
                     [*sargs, like, like],
                 ):
                     if pat.search(text) or user in speakers.split(","):

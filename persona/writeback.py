@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from persona.bank import MemoryBank
 from persona.facts import Fact
 from persona.retrieval import embed_text
 from persona.sanitize import is_injection
-from persona.store import normalize_username
+from persona.store import Conn, normalize_username
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +52,7 @@ def apply_facts(
     facts: Sequence[Fact],
     now: float,
     dup_threshold: float = 0.9,
-    also: Callable[[sqlite3.Connection], None] | None = None,
+    also: Callable[[Conn], None] | None = None,
 ) -> list[WriteResult]:
     """Merge ``facts`` into the bank in one transaction (``also`` runs inside it: profile updates)."""
     if not facts and also is None:

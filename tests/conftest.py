@@ -72,3 +72,12 @@ class SpeechFactory:
     synthesize = staticmethod(synthesize_speech)
     at_16k = staticmethod(speech_16k)
     write_wav = staticmethod(write_wav)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "postgres: needs a PostgreSQL server (skipped, with the reason, without one)"
+    )
+    config.addinivalue_line(
+        "markers", "docker: builds or runs the container images (opt-in: IDOLCAST_TEST_DOCKER=1)"
+    )
