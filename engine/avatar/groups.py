@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -134,6 +135,30 @@ class Motion:
             deg = amp["down_deg"] + (amp["up_deg"] - amp["down_deg"]) * ease
             theta = (deg + amp["swing_deg"] * p[:, INDEX["wave_phase"]] * a) * (math.pi / 180.0)
         cs, sn = torch.cos(theta), torch.sin(theta)
+        return cs, -sn, sn, cs, hx + tx - (cs * hx - sn * hy), hy + ty - (sn * hx + cs * hy)
+
+    def affine(self, kind: str, p: np.ndarray) -> tuple[float, float, float, float, float, float]:
+        """:meth:`forward` for one frame's params ``[P]`` in Python floats (the CPU path's per-frame
+        call: a dozen scalar torch ops cost more than the arithmetic)."""
+        c = float(p[INDEX["body_x"]]) * self.sway_per_row
+        k = 1.0 + float(p[INDEX["breath"]]) * self.amp["body"]["breath"]
+        py = self.piv["body"][1]
+        if kind == "body":
+            return 1.0, -c, 0.0, k, c * py, py * (1.0 - k)
+        hx, hy = self.piv[kind]
+        tx = c * (py - hy)
+        ty = (k - 1.0) * (hy - py)
+        amp = self.amp[kind]
+        if kind == "head":
+            theta = float(p[INDEX["head_roll"]]) * math.radians(amp["roll_deg"])
+            tx += float(p[INDEX["head_yaw"]]) * amp["yaw"] * self.s
+            ty += float(p[INDEX["head_pitch"]]) * amp["pitch"] * self.s
+        else:  # arm
+            a = min(max(float(p[INDEX["arm_wave"]]), 0.0), 1.0)
+            ease = a * a * (3.0 - 2.0 * a)
+            deg = amp["down_deg"] + (amp["up_deg"] - amp["down_deg"]) * ease
+            theta = (deg + amp["swing_deg"] * float(p[INDEX["wave_phase"]]) * a) * (math.pi / 180.0)
+        cs, sn = math.cos(theta), math.sin(theta)
         return cs, -sn, sn, cs, hx + tx - (cs * hx - sn * hy), hy + ty - (sn * hx + cs * hy)
 
 

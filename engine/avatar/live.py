@@ -21,6 +21,8 @@ from av import VideoFrame
 from engine.avatar.animator import Animator
 from engine.avatar.backends.base import FrameBackend
 from engine.avatar.config import AvatarConfig
+from engine.avatar.cpu_render import Damage
+from engine.avatar.picture import Compositor
 from engine.avatar.profiles import profile_size
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,8 @@ FPS = 30
 
 
 Region = tuple[int, int, int, int]
-Finish = Callable[[np.ndarray, Region], VideoFrame]
+# runs in the render thread on one rendered RGBA frame, the region that can change and what did change
+Finish = Callable[[np.ndarray, Region, Damage | None], VideoFrame]
 
 
 def changing_region(backend: FrameBackend) -> Region:
@@ -114,44 +117,14 @@ class RenderPool:
         backend = self.backend(profile)
         frames = backend.render(np.stack([j.params for j in jobs]))
         region = changing_region(backend)
+        damage: list[Damage] | None = getattr(backend, "damage", None)
         for i, job in enumerate(jobs):
-            job.result = job.finish(frames[i], region)
+            job.result = job.finish(frames[i], region, damage[i] if damage else None)
         self.batches += 1
         self.frames += len(jobs)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
-
-
-def parse_rgba(hex_colour: str) -> tuple[int, int, int, int]:
-    h = hex_colour.lstrip("#")
-    if len(h) not in (6, 8) or any(c not in "0123456789abcdefABCDEF" for c in h):
-        raise ValueError(f"colour {hex_colour!r}: expected #RRGGBB or #RRGGBBAA")
-    vals = [int(h[i : i + 2], 16) for i in range(0, len(h), 2)]
-    return (vals[0], vals[1], vals[2], vals[3] if len(vals) == 4 else 255)
-
-
-class Compositor:
-    """Premultiplied RGBA → the sent picture: over a background colour, or packed colour|alpha."""
-
-    def __init__(self, width: int, height: int, packed_alpha: bool, background: str) -> None:
-        self.width, self.height, self.packed = width, height, packed_alpha
-        r, g, b, a = parse_rgba(background)
-        self.bg = np.array([r, g, b], np.uint16) * a // 255  # premultiplied
-        self.out = np.zeros((height, width * 2 if packed_alpha else width, 3), np.uint8)
-        self._full = True
-
-    def compose(self, rgba: np.ndarray, region: tuple[int, int, int, int]) -> np.ndarray:
-        x, y, w, h = (0, 0, self.width, self.height) if self._full else region
-        self._full = False
-        src = rgba[y : y + h, x : x + w]
-        if self.packed:
-            self.out[y : y + h, x : x + w] = src[..., :3]
-            self.out[y : y + h, self.width + x : self.width + x + w] = src[..., 3:4]
-        else:
-            inv = 255 - src[..., 3:4].astype(np.uint16)
-            self.out[y : y + h, x : x + w] = src[..., :3] + (self.bg * inv // 255).astype(np.uint8)
-        return self.out
 
 
 class SessionVideo:
@@ -187,10 +160,10 @@ class SessionVideo:
     async def frame_at(self, t: float) -> VideoFrame:
         params = self.animator.params_at(t, compensation_s=self.compensation())
 
-        def finish(rgba: np.ndarray, region: Region) -> VideoFrame:
+        def finish(rgba: np.ndarray, region: Region, damage: Damage | None) -> VideoFrame:
             compositor = self._compositor_for(rgba.shape[1], rgba.shape[0])
-            rgb = compositor.compose(rgba, region)
-            # Converted here, once, in the render thread (not once per encoder); this copies the buffer.
-            return VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+            # Converted here, once, in the render thread, and only what changed (not once per encoder).
+            i420 = compositor.compose(rgba, region, damage)
+            return VideoFrame.from_ndarray(i420, format="yuv420p")  # a copy: the buffer is updated next frame
 
         return await self.pool.render(self.profile, params, finish)

@@ -1,4 +1,4 @@
-"""Plain torch on the CPU: the generator's eager fast path writing uint8 frames in place."""
+"""Plain torch on the CPU: the generator's art drawn by the uint8 dirty-box renderer."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import numpy as np
 import torch
 
 from engine.avatar.character import Character
+from engine.avatar.cpu_render import CpuRenderer, Damage
 from engine.avatar.generator import FrameGenerator
 from engine.avatar.params import NUM_PARAMS
 from engine.avatar.profiles import profile_name
 
 
 class TorchBackend:
-    """CPU rendering through :meth:`FrameGenerator.render_into` into a small ring of frame buffers.
+    """CPU rendering through :class:`~engine.avatar.cpu_render.CpuRenderer`: one uint8 frame buffer per
+    batch slot, of which only the boxes that changed are redrawn (:attr:`damage` lists them).
 
-    Only the moving region is rewritten each frame; the rest of each buffer keeps the static art.
-    A returned array is rendered into again ``ring`` calls later.
+    A returned array is rendered into again on the next call with the same batch size: copy what you keep.
     """
 
     name = "torch"
@@ -24,7 +25,6 @@ class TorchBackend:
         self,
         character: Character,
         profile: str | tuple[int, int] = "720p",
-        ring: int = 3,
         threads: int | None = None,
     ) -> None:
         if threads is not None:
@@ -32,16 +32,12 @@ class TorchBackend:
         self.generator = FrameGenerator(character, profile).eval()
         self.width, self.height = self.generator.width, self.generator.height
         self.profile = profile_name(self.width, self.height)
-        self.ring = ring
-        self._buffers: dict[int, list[np.ndarray]] = {}
-        self._next: dict[int, int] = {}
+        self.renderer = CpuRenderer(self.generator)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Per frame of the last batch: which boxes changed since that buffer's previous frame."""
+        return self.renderer.damage
 
     def render(self, params: np.ndarray) -> np.ndarray:
-        params = np.asarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS)
-        b = params.shape[0]
-        if b not in self._buffers:
-            self._buffers[b] = [self.generator.new_frames(b) for _ in range(self.ring)]
-            self._next[b] = 0
-        i = self._next[b]
-        self._next[b] = (i + 1) % self.ring
-        return self.generator.render_into(self._buffers[b][i], params)
+        return self.renderer.render(np.asarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS))

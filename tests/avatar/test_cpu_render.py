@@ -1,0 +1,156 @@
+"""The uint8 dirty-box CPU renderer and the I420 compositor, against the float module and FFmpeg."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from engine.avatar.backends.torch_cpu import TorchBackend
+from engine.avatar.bench_render import speaking_params
+from engine.avatar.character import load_character
+from engine.avatar.cpu_render import CpuRenderer, Damage
+from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
+from engine.avatar.params import INDEX, NUM_PARAMS
+from engine.avatar.picture import Compositor
+from tests.avatar.conftest import generator
+from tests.avatar.test_golden import CASES, GOLDEN, MAX_DIFF, MEAN_DIFF
+
+pytestmark = pytest.mark.unit
+
+
+def _reference(gen: FrameGenerator, params: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return to_uint8(gen(torch.from_numpy(params.reshape(-1, NUM_PARAMS)))).numpy()
+
+
+def _sequence(n: int) -> np.ndarray:
+    """Speaking idle, the arm raised and lowered, a held pose (nothing moves) in the middle."""
+    p = speaking_params(n, 1)[:, 0].copy()
+    up = n // 3
+    p[up : up + 8, INDEX["arm_wave"]] = np.linspace(0.0, 1.0, 8)
+    p[up + 8 : up + 16, INDEX["arm_wave"]] = np.linspace(1.0, 0.0, 8)
+    p[up + 16 : up + 19] = p[up + 16]
+    return p
+
+
+@pytest.mark.parametrize("profile", ["360p", "720p"])
+def test_frames_match_the_module(profile: str) -> None:
+    """Every frame of a moving sequence within a level or two of the float module (rounding per layer)."""
+    gen = generator(profile)
+    renderer = CpuRenderer(gen)
+    params = _sequence(36)
+    for i in range(len(params)):
+        got = renderer.render(params[i])
+        diff = np.abs(got.astype(int) - _reference(gen, params[i]).astype(int))
+        assert diff.max() <= 3 and diff.mean() < 0.02, (i, diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize(("name", "overrides", "crop"), CASES, ids=[c[0] for c in CASES])
+def test_golden_images_through_the_cpu_backend(
+    name: str, overrides: dict[str, float], crop: tuple[int, int, int, int]
+) -> None:
+    backend = TorchBackend(load_character("builtin:default"), "360p")
+    frame = backend.render(rest_params(**overrides))[0]
+    x0, y0, x1, y1 = crop
+    want = np.asarray(Image.open(Path(GOLDEN) / f"{name}.png").convert("RGBA"))
+    diff = np.abs(frame[y0:y1, x0:x1].astype(int) - want.astype(int))
+    assert diff.max() <= MAX_DIFF and diff.mean() <= MEAN_DIFF, (name, diff.max(), diff.mean())
+
+
+def test_damage_is_everything_that_changed() -> None:
+    """A consumer copying only the damaged boxes keeps an exact copy of the frame; a held pose damages
+    nothing; a mouth-only change damages a box around the mouth, not the head."""
+    gen = generator("360p")
+    renderer = CpuRenderer(gen)
+    params = _sequence(40)
+    mirror = renderer.render(params[0])[0].copy()
+    last: Damage = renderer.damage[0]
+    for i in range(1, len(params)):
+        frame = renderer.render(params[i])[0]
+        dmg = renderer.damage[0]
+        assert (dmg.buffer, dmg.serial) == (last.buffer, last.serial + 1)
+        for x, y, w, h in dmg.boxes:
+            mirror[y : y + h, x : x + w] = frame[y : y + h, x : x + w]
+        assert np.array_equal(mirror, frame), i
+        if np.array_equal(params[i], params[i - 1]):
+            assert dmg.boxes == (), i
+        last = dmg
+    still = rest_params(1)
+    renderer.render(still)
+    talk = still.copy()
+    talk[0, INDEX["viseme_sil"]], talk[0, INDEX["viseme_aa"]] = 0.0, 1.0
+    renderer.render(talk)
+    (box,) = renderer.damage[0].boxes
+    mouth = next(f for layer in gen.groups for f in layer.feats if f.name == "mouth").box
+    assert box[2] * box[3] <= 2 * (mouth[2] + 4) * (mouth[3] + 4)
+
+
+def test_batch_slots_keep_their_own_faces() -> None:
+    gen = generator("360p")
+    renderer = CpuRenderer(gen)
+    params = speaking_params(6, 3)
+    for i in range(6):
+        got = renderer.render(params[i])
+        assert np.abs(got.astype(int) - _reference(gen, params[i]).astype(int)).max() <= 3
+    single = renderer.render(params[5][1:2])  # another batch size: its own buffers, drawn in full
+    assert np.abs(single.astype(int) - _reference(gen, params[5][1]).astype(int)).max() <= 3
+
+
+def test_motion_affine_is_the_module_motion() -> None:
+    gen = generator("360p")
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        p = rest_params(1)
+        for name in ("head_yaw", "head_pitch", "head_roll", "body_x", "wave_phase"):
+            p[0, INDEX[name]] = rng.uniform(-1, 1)
+        for name in ("breath", "arm_wave"):
+            p[0, INDEX[name]] = rng.uniform(0, 1)
+        for layer in gen.groups:
+            want = [float(v[0]) for v in layer.motion.forward(layer.kind, torch.from_numpy(p))]
+            got = layer.motion.affine(layer.kind, p[0])
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-3), layer.kind
+
+
+def _swscale(rgb: np.ndarray) -> np.ndarray:
+    return (
+        av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+        .reformat(format="yuv420p")
+        .to_ndarray()
+    )
+
+
+def test_compositor_i420_from_damage_equals_a_full_conversion() -> None:
+    gen = generator("360p")
+    renderer = CpuRenderer(gen)
+    comp = Compositor(640, 360, packed_alpha=False, background="#00000000")
+    params = _sequence(30)
+    for i in range(len(params)):
+        frame = renderer.render(params[i])[0]
+        got = comp.compose(frame, gen.region, renderer.damage[0]).copy()
+        full = Compositor(640, 360, False, "#00000000").compose(frame, gen.region)
+        assert np.array_equal(got, full), i
+    # the levels are FFmpeg's (BT.601, limited range): luma within a level; chroma is a 2×2 mean here
+    # and swscale's own filter there, which differ on sharp colour edges only
+    diff = np.abs(got.astype(int) - _swscale(frame[..., :3]).astype(int))
+    assert diff[:360].max() <= 1 and diff[360:].mean() < 0.2, (diff[:360].max(), diff[360:].mean())
+    assert comp.converted_px < 30 * 640 * 360 / 2  # damage, not whole frames
+
+
+def test_compositor_background_and_packed_alpha() -> None:
+    gen = generator("360p")
+    frame = CpuRenderer(gen).render(rest_params(1))[0]
+    alpha = frame[..., 3:4].astype(np.float64) / 255.0
+    green = Compositor(640, 360, False, "#00ff00").compose(frame, gen.region)
+    want = frame[..., :3] + np.array([0, 255, 0]) * (1.0 - alpha)
+    diff = np.abs(green.astype(int) - _swscale(np.round(want).astype(np.uint8)).astype(int))
+    assert diff[:360].max() <= 2 and diff[360:].mean() < 1.0, (diff[:360].max(), diff[360:].mean())
+    packed = Compositor(640, 360, True, "#00000000").compose(frame, gen.region)
+    assert packed.shape == (540, 1280)
+    side = np.concatenate([frame[..., :3], np.repeat(frame[..., 3:4], 3, axis=2)], axis=1)
+    diff = np.abs(packed.astype(int) - _swscale(side).astype(int))
+    assert diff[:360].max() <= 1 and diff[360:].mean() < 0.2, (diff[:360].max(), diff[360:].mean())
