@@ -57,11 +57,36 @@ class ServerConfig(BaseModel):
         description="20 ms frames the host's mic waits in the receive jitter buffer (aiortc's default: 4)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    host_token: str = Field(
+        "",
+        description="the host credential; empty: generated on first start into secrets_dir/host_token (0600)",
+    )
+    secrets_dir: str = Field(
+        "var/secrets", description="folder of the generated host token and viewer tokens"
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names answered besides the loopback ones and `host` (anything else: 421)",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="origins (scheme://host:port) besides the server's own that may send requests (CORS)",
+    )
+    console_bootstrap: bool = Field(
+        True,
+        description="a browser on this machine opening the console gets the host cookie (off: paste the token)",
+    )
+    connect_timeout_s: float = Field(
+        20.0, gt=0, le=600, description="a session whose peer has not connected by then is closed"
+    )
 
 
 class PersonaConfig(BaseModel):
     card: str = Field("builtin:default", description="'builtin:default' or a persona card file")
     memory_db: str = Field("var/memory.sqlite3", description="SQLite file of the memory bank")
+    cards_dir: str = Field(
+        "var/cards", description="folder of the cards the HTTP API may switch to by name (never a path)"
+    )
     memory_backend: Literal["sqlite", "postgres"] = Field(
         "sqlite",
         description="'sqlite' (memory_db, embedded) or 'postgres' (memory_dsn, shared by every engine replica)",
@@ -186,6 +211,8 @@ def dump_settings(settings: Settings) -> str:
         data["llm"]["api_key"] = "***"
     if data["mqtt"].get("password"):
         data["mqtt"]["password"] = "***"
+    if data["server"].get("host_token"):
+        data["server"]["host_token"] = "***"
     surfaces = data.get("surfaces", {})
     if surfaces.get("bearer_token"):
         surfaces["bearer_token"] = "***"

@@ -37,6 +37,26 @@ def _devices() -> list[str]:
     return out
 
 
+def describe_access(settings: Settings) -> list[str]:
+    """Where the host credential is, and the token itself (the console of this machine needs none)."""
+    from pathlib import Path
+
+    from engine.server.credentials import HOST_TOKEN_FILE, read_host_token
+    from engine.server.guard import is_loopback
+
+    server = settings.server
+    path = Path(server.secrets_dir) / HOST_TOKEN_FILE
+    if server.host_token:
+        lines = ["host token: set by server.host_token"]
+    elif (token := read_host_token(server.secrets_dir)) is not None:
+        lines = [f"host token: {token}  ({path}; send as Authorization: Bearer, or paste as #token=)"]
+    else:
+        lines = [f"host token: made on the first start, into {path}"]
+    where = "this machine only" if is_loopback(server.host) else "THE NETWORK: every request needs a token"
+    lines.append(f"listening on {server.host}:{server.port} ({where})")
+    return lines
+
+
 def run_doctor(settings: Settings, load: bool = True) -> int:
     print(f"idolcast doctor — Python {platform.python_version()} on {platform.machine()}")
     print("devices:")
@@ -92,5 +112,8 @@ def run_doctor(settings: Settings, load: bool = True) -> int:
             print(f"  {line}")
     except ImportError:
         pass
+    print("access:")
+    for line in describe_access(settings):
+        print(f"  {line}")
     print("all stages load" if failures == 0 else f"{failures} stage(s) failed to load")
     return 0 if failures == 0 else 1

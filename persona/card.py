@@ -154,23 +154,51 @@ class PersonaCard(_Strict):
         return "\n".join(lines)
 
 
-def _format_errors(source: str, e: ValidationError) -> str:
+def _format_errors(source: str, e: ValidationError, show_values: bool = True) -> str:
     lines = []
     for err in e.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(card)"
         got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        shown = "" if isinstance(got, dict) or not show_values else f" (got {got!r})"
         lines.append(f"{source}: field '{field}': {err['msg']}{shown}")
     return "invalid persona card:\n  " + "\n  ".join(lines)
 
 
-def parse_card(data: Any, source: str = "<card>") -> PersonaCard:
+def parse_card(data: Any, source: str = "<card>", show_values: bool = True) -> PersonaCard:
+    """A card from parsed data; ``show_values=False``: errors name fields, never the values given."""
     if not isinstance(data, dict):
         raise CardError(f"{source}: the card must be a mapping of fields, got {type(data).__name__}")
     try:
         return PersonaCard.model_validate(data)
     except ValidationError as e:
-        raise CardError(_format_errors(source, e)) from None
+        raise CardError(_format_errors(source, e, show_values)) from None
+
+
+CARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+CARD_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def load_named_card(name: str, cards_dir: Path, max_bytes: int = 256 * 1024) -> PersonaCard:
+    """``builtin:NAME`` or NAME, a card file in ``cards_dir`` (what an HTTP request may choose: never a
+    path). Errors name the card and the field, never a file's contents. Blocking: call in a thread."""
+    if name.startswith(BUILTIN_PREFIX):
+        return load_card(name)
+    if not CARD_NAME.fullmatch(name):
+        raise CardError(
+            "a card is chosen by name: builtin:NAME, or NAME of a card file in the card folder "
+            "(letters, digits, '-' and '_'; no paths)"
+        )
+    folder = cards_dir.resolve()
+    for suffix in CARD_SUFFIXES:
+        path = folder / f"{name}{suffix}"
+        if path.is_file() and path.resolve().parent == folder:
+            if path.stat().st_size > max_bytes:
+                raise CardError(f"card '{name}' is too large (limit {max_bytes} bytes)")
+            try:
+                return load_card(path, show_values=False, source=f"card '{name}'")
+            except UnicodeDecodeError:
+                raise CardError(f"card '{name}': not UTF-8 text") from None
+    raise CardError(f"no persona card '{name}' in the card folder (persona.cards_dir)")
 
 
 def resolve_card_path(ref: str) -> Path:
@@ -182,11 +210,12 @@ def resolve_card_path(ref: str) -> Path:
     return Path(ref)
 
 
-def load_card(ref: str | Path) -> PersonaCard:
-    """Load 'builtin:NAME' or a .yaml/.yml/.toml/.json file; raise CardError naming file and field."""
+def load_card(ref: str | Path, show_values: bool = True, source: str | None = None) -> PersonaCard:
+    """Load 'builtin:NAME' or a .yaml/.yml/.toml/.json file; raise CardError naming file and field.
+    ``show_values=False`` (with a ``source`` name): errors say neither the path nor what the file holds."""
     path = resolve_card_path(str(ref))
     if not path.is_file():
-        raise CardError(f"{path}: persona card not found")
+        raise CardError(f"{source or path}: persona card not found")
     text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
     try:
@@ -197,7 +226,7 @@ def load_card(ref: str | Path) -> PersonaCard:
         else:
             raise CardError(f"{path}: unknown card format {suffix!r} (expected .yaml, .yml, .toml or .json)")
     except tomllib.TOMLDecodeError as e:
-        raise CardError(f"{path}: not valid TOML: {e}") from None
+        raise CardError(f"{source or path}: not valid TOML" + (f": {e}" if show_values else "")) from None
     except yaml.YAMLError as e:
-        raise CardError(f"{path}: not valid YAML: {e}") from None
-    return parse_card(data, str(path))
+        raise CardError(f"{source or path}: not valid YAML" + (f": {e}" if show_values else "")) from None
+    return parse_card(data, source or str(path), show_values)

@@ -9,7 +9,9 @@
     GET    /api/memory/export     the persona card with its memories
     POST   /api/memory/import     an export; ?replace=1 first deletes the persona's memories
     GET    /api/persona           the active card and its system prompt
-    POST   /api/persona           {"card": "builtin:default" | path}  switch live
+    POST   /api/persona           {"card": "builtin:NAME" | NAME | {card fields}}  switch live: NAME is
+                                  a card file in persona.cards_dir (never a path); an object is an
+                                  uploaded card (at most 64 KB)
 
 Errors are ``{"error": message}`` with 400 (bad JSON or values), 404 (unknown id) or 501
 (no live persona to switch). Work runs in a thread: the event loop never waits on SQLite or
@@ -21,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from persona import api
 from persona.bank import MemoryNotFound
-from persona.card import CardError
+from persona.card import CardError, load_named_card, parse_card
+from persona.store import normalize_username
 
 Getter = Callable[[], Any]  # returns a LivePersona (e.g. the PersonaPromptProvider), or None
 
@@ -36,11 +40,17 @@ def _err(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+MAX_CARD_BYTES = 64 * 1024
+MAX_ID = 2**63 - 1  # SQLite's integer range
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
         data = json.loads(await request.text() or "null")
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("request body must be a JSON object")
     return data
@@ -48,12 +58,17 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 def _int(value: Any, name: str) -> int:
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"'{name}' must be an integer, got {value!r}") from None
+        raise ValueError(f"'{name}' must be an integer, got {str(value)[:40]!r}") from None
+    if not -MAX_ID <= number <= MAX_ID:
+        raise ValueError(f"'{name}' is out of range")
+    return number
 
 
-def register_routes(app: web.Application, store_getter: Getter) -> None:
+def register_routes(app: web.Application, store_getter: Getter, cards_dir: Path = Path("var/cards")) -> None:
+    """The memory and persona routes; ``POST /api/persona`` picks cards by name from ``cards_dir``."""
+
     def live() -> Any:
         target = store_getter()
         if target is None:
@@ -123,8 +138,8 @@ def register_routes(app: web.Application, store_getter: Getter) -> None:
 
     async def forget_viewer(request: web.Request) -> Any:
         b = await _body(request)
-        if not isinstance(b.get("username"), str):
-            raise ValueError("'username' (string) is required")
+        if not isinstance(b.get("username"), str) or not normalize_username(b["username"]):
+            raise ValueError("'username' (a non-blank string) is required")
         target = live()
         if hasattr(target, "forget_viewer"):
             report = dict(await target.forget_viewer(b["username"]))
@@ -146,10 +161,21 @@ def register_routes(app: web.Application, store_getter: Getter) -> None:
         return {"card": card.model_dump(mode="json"), "system_prompt": card.system_prompt()}
 
     async def switch(request: web.Request) -> Any:
+        if len(await request.read()) > MAX_CARD_BYTES:
+            raise ValueError(f"the card is too large (limit {MAX_CARD_BYTES} bytes)")
         b = await _body(request)
-        if not isinstance(b.get("card"), str):
-            raise ValueError("'card' (string: builtin:NAME or a card file) is required")
-        return await api.switch_persona(live(), b["card"])
+        ref = b.get("card")
+        if isinstance(ref, str):
+            card = await asyncio.to_thread(load_named_card, ref, cards_dir, MAX_CARD_BYTES)
+        elif isinstance(ref, dict):
+            card = await asyncio.to_thread(parse_card, ref, "uploaded card", False)
+        else:
+            raise ValueError(
+                "'card' is required: builtin:NAME, NAME of a card in the card folder, or a card object"
+            )
+        target = live()
+        await target.switch_persona(card)
+        return {"persona": card.id, "name": card.name}
 
     r = app.router
     r.add_get("/api/memory", handler(list_))

@@ -20,6 +20,7 @@ from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
 from engine.bench.stats import summarize
 from engine.bench.video import ReceivedVideo, SenderReports, frame_rate, receiver_timeline, record_video
 from engine.clock import MediaClock
+from engine.server.credentials import read_host_token
 from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
 
@@ -71,9 +72,16 @@ class EngineConnection:
     """One bench session against a running engine: peer connection + event socket."""
 
     def __init__(
-        self, url: str, clock: MediaClock, character: str = "builtin:default", jitter_frames: int = 4
+        self,
+        url: str,
+        clock: MediaClock,
+        character: str = "builtin:default",
+        jitter_frames: int = 4,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # The host credential (default: $IDOLCAST_TOKEN, else the local engine's var/secrets/host_token).
+        self.token = token if token is not None else read_host_token()
         self.same_host = False  # set when the bench started the engine itself
         self.interrupts: list[float] = []  # engine-clock times of the engine's "interrupted" events
         self.engine_origin: float | None = None  # its clock's time.monotonic() at t = 0
@@ -91,7 +99,8 @@ class EngineConnection:
         self._http: aiohttp.ClientSession | None = None
 
     async def open(self, with_video: bool = True) -> None:
-        self._http = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = aiohttp.ClientSession(headers=headers)
         self.pc.addTrack(self.mic)
         if with_video:
             self.pc.addTransceiver("video", direction="recvonly")

@@ -15,8 +15,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.config import Settings
 from engine.events import ExpressionCommand, GestureCommand, TurnSource
+from engine.server.auth_routes import register_auth_routes
+from engine.server.credentials import Credentials
 from engine.server.engine import Engine, EngineBusy, EngineNotReady
 from engine.server.errors import APIError, json_errors, read_json, require_str
+from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.routes import register_surfaces
@@ -152,9 +155,24 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> web.Application:
+def create_app(
+    settings: Settings, engine: Engine | None = None, credentials: Credentials | None = None
+) -> web.Application:
+    """The engine's web application. ``credentials``: who may do what (default: from the settings,
+    the host token made on first start; raises :class:`~engine.server.credentials.CredentialError`)."""
     engine = engine or Engine(settings)
-    app = web.Application(middlewares=[json_errors], client_max_size=settings.server.max_body_bytes)
+    if credentials is None:
+        credentials, _ = Credentials.from_settings(settings.server.host_token, settings.server.secrets_dir)
+    server = settings.server
+    guard = make_guard(
+        credentials,
+        allowed_host_names(server.host, server.allowed_hosts),
+        frozenset(server.allowed_origins),
+        server.console_bootstrap,
+        lambda: settings.surfaces.bearer_token,
+    )
+    app = web.Application(middlewares=[guard, json_errors], client_max_size=server.max_body_bytes)
+    app[CREDENTIALS_KEY] = credentials
     app[ENGINE_KEY] = engine
     app[PEERS_KEY] = PeerManager(engine)
     app.router.add_get("/", index)
@@ -169,7 +187,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> web.Applicat
     app.router.add_delete("/api/sessions/{sid}", close)
     app.router.add_get("/metrics", metrics)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
-    register_persona_routes(app, lambda: engine.persona)
+    register_auth_routes(app)
+    register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
     register_surfaces(app, engine, app[PEERS_KEY])
 
     async def on_startup(app: web.Application) -> None:

@@ -70,6 +70,7 @@ class Engine:
         self.models = models
         self.status = LoadStatus(state="ready" if models else "loading", message="ready" if models else "")
         self.sessions: dict[str, Session] = {}
+        self.draining: str | None = None  # why no new session is admitted (engine/server/drain.py)
         self.registry = CollectorRegistry()
         self.turn_metrics = TurnMetrics(self.registry)
         self._sessions_gauge = Gauge("idolcast_sessions", "Open sessions", registry=self.registry)
@@ -123,7 +124,14 @@ class Engine:
 
     # ---- sessions ------------------------------------------------------------------------------
 
+    @property
+    def admitting(self) -> bool:
+        """Ready for new sessions: models loaded and not draining (the readiness probe)."""
+        return self.status.state == "ready" and self.models is not None and self.draining is None
+
     async def create_session(self) -> Session:
+        if self.draining:
+            raise EngineNotReady(self.draining)
         if self.status.state == "failed":
             raise EngineNotReady(f"the engine failed to load: {self.status.error}")
         if self.models is None:

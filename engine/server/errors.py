@@ -55,6 +55,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(400, f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "malformed JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, "expected a JSON object")
     return data

@@ -56,7 +56,9 @@ class Surfaces:
         self.rtmp: dict[str, RTMPStreamer] = {}
         self.order: list[str] = []  # session ids, oldest first
         ice = settings.server.ice_servers
-        self.whep = WHEPServer(self.media, ice, settings.surfaces.max_viewers)
+        self.whep = WHEPServer(
+            self.media, ice, settings.surfaces.max_viewers, settings.server.connect_timeout_s
+        )
         self.whip = WHIPServer(engine, peers, ice)
         self.mqtt: MQTTBus | None = None
         if settings.mqtt.enabled:
@@ -123,11 +125,9 @@ class Surfaces:
             self.mqtt.publish(f"{self.mqtt.prefix}/sessions", {"sessions": list(reversed(self.order))}, True)
 
     def find_session(self, sid: str) -> Session | None:
-        if sid == "latest":
-            for candidate in reversed(self.order):
-                if candidate in self.engine.sessions:
-                    return self.engine.sessions[candidate]
-            return None
+        if sid == "latest":  # the newest session whose host peer is connected (not a half-made one)
+            latest = self.peers.latest_connected()
+            return self.engine.sessions.get(latest) if latest is not None else None
         return self.engine.sessions.get(sid)
 
     def describe_sessions(self) -> list[dict[str, Any]]:
@@ -139,6 +139,7 @@ class Surfaces:
             out.append(
                 {
                     "id": sid,
+                    "connected": sid in self.peers.connected,
                     "video": self.media.has_video(session),
                     "viewers": self.whep.count(sid),
                     "packed_alpha": self.engine.settings.avatar.packed_alpha,

@@ -19,6 +19,7 @@ Routes (all JSON errors through :mod:`engine.server.errors`; ``{sid}`` may be ``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from engine.server.webrtc import PeerManager
 from engine.session.session import Session
 from engine.surfaces.hub import Surfaces
 from engine.surfaces.payloads import ChatIn
-from engine.surfaces.sdp_http import answer_response, bearer_refusal, patch_not_supported, read_offer
+from engine.surfaces.sdp_http import answer_response, patch_not_supported, read_offer
+from persona.card import CardError, load_named_card
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +114,15 @@ async def profile(request: web.Request) -> web.Response:
 async def persona(request: web.Request) -> web.Response:
     session = _session(request)
     name = require_str(await read_json(request), "name", 64)
-    try:
-        await session.set_persona(name)
-    except (KeyError, ValueError) as e:
-        raise APIError(400, f"cannot switch to persona '{name}': {e}") from None
+    cards_dir = Path(_hub(request).engine.settings.persona.cards_dir)
+    try:  # by name only (builtin:NAME or a card in persona.cards_dir), read in a thread
+        card = await asyncio.to_thread(load_named_card, name, cards_dir)
+        switch = getattr(session.prompt, "switch_persona", None)
+        if switch is None:
+            raise APIError(501, "persona switching needs the persona memory bank (persona.enabled)")
+        await switch(card)
+    except (KeyError, ValueError, CardError) as e:
+        raise APIError(400, f"cannot switch to that persona: {e}") from None
     session.bus.publish({"type": "persona", "name": name, "t": session.clock.now()})
     return web.json_response({"persona": name})
 
@@ -125,16 +132,12 @@ async def persona(request: web.Request) -> web.Response:
 
 async def whip_new(request: web.Request) -> web.Response:
     hub = _hub(request)
-    if denied := bearer_refusal(request, hub.engine.settings.surfaces.bearer_token):
-        return denied
     ingest, sdp = await hub.whip.new_session(await read_offer(request))
     return answer_response(sdp, f"/api/whip/{ingest.id}", hub.engine.settings.server.ice_servers)
 
 
 async def whip_into(request: web.Request) -> web.Response:
     hub = _hub(request)
-    if denied := bearer_refusal(request, hub.engine.settings.surfaces.bearer_token):
-        return denied
     session = _session(request)
     ingest, sdp = await hub.whip.into_session(session, await read_offer(request))
     return answer_response(sdp, f"/api/whip/{ingest.id}", hub.engine.settings.server.ice_servers)
@@ -142,8 +145,6 @@ async def whip_into(request: web.Request) -> web.Response:
 
 async def whip_delete(request: web.Request) -> web.Response:
     hub = _hub(request)
-    if denied := bearer_refusal(request, hub.engine.settings.surfaces.bearer_token):
-        return denied
     if not await hub.whip.close(request.match_info["rid"]):
         raise APIError(404, f"no WHIP resource '{request.match_info['rid']}'")
     return web.Response(status=200)
@@ -151,8 +152,6 @@ async def whip_delete(request: web.Request) -> web.Response:
 
 async def whep_new(request: web.Request) -> web.Response:
     hub = _hub(request)
-    if denied := bearer_refusal(request, hub.engine.settings.surfaces.bearer_token):
-        return denied
     session = _session(request)
     viewer, sdp = await hub.whep.answer(session, await read_offer(request))
     return answer_response(sdp, f"/api/whep/{viewer.id}", hub.engine.settings.server.ice_servers)
@@ -160,8 +159,6 @@ async def whep_new(request: web.Request) -> web.Response:
 
 async def whep_delete(request: web.Request) -> web.Response:
     hub = _hub(request)
-    if denied := bearer_refusal(request, hub.engine.settings.surfaces.bearer_token):
-        return denied
     if not await hub.whep.close(request.match_info["rid"]):
         raise APIError(404, f"no WHEP resource '{request.match_info['rid']}'")
     return web.Response(status=200)

@@ -7,7 +7,6 @@ restart) is not supported: our answers carry every candidate, so it gets ``405``
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable
 
 from aiohttp import web
@@ -17,20 +16,6 @@ from engine.server.errors import APIError
 from engine.server.webrtc import MAX_SDP_BYTES, validate_offer
 
 SDP_TYPE = "application/sdp"
-
-
-def bearer_refusal(request: web.Request, token: str) -> web.Response | None:
-    """A 401 (with ``WWW-Authenticate``) unless the request carries the bearer token; None if it does."""
-    if not token:
-        return None
-    given = request.headers.get("Authorization", "")
-    if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip(), token):
-        return None
-    return web.json_response(
-        {"error": "a valid bearer token is required", "status": 401},
-        status=401,
-        headers={"WWW-Authenticate": 'Bearer realm="idolcast"'},
-    )
 
 
 async def read_offer(request: web.Request) -> str:

@@ -15,9 +15,11 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from engine.server.errors import APIError
+from engine.server.webrtc import offer_error
 from engine.session.session import Session
 from engine.surfaces.media import SessionMedia
 from engine.surfaces.sdp_http import rtc_configuration
+from engine.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,12 @@ class Viewer:
 
 
 class WHEPServer:
-    def __init__(self, media: SessionMedia, ice_servers: list[str], max_viewers: int) -> None:
+    def __init__(
+        self, media: SessionMedia, ice_servers: list[str], max_viewers: int, connect_timeout_s: float = 20.0
+    ) -> None:
         self.media = media
+        self.connect_timeout_s = connect_timeout_s
+        self._owner = TaskOwner("whep")
         self.ice_servers = ice_servers
         self.max_viewers = max_viewers
         self.viewers: dict[str, Viewer] = {}
@@ -67,11 +73,23 @@ class WHEPServer:
         except APIError:
             await self.close(viewer.id)
             raise
-        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+        except Exception as e:  # whatever aiortc raised: nothing half-made stays behind
             await self.close(viewer.id)
-            raise APIError(400, f"malformed SDP offer: {e}") from None
+            raise APIError(400, f"malformed SDP offer: {offer_error(e)}") from None
+        except BaseException:
+            await asyncio.shield(self.close(viewer.id))
+            raise
+        self._owner.spawn(self._reap_unconnected(viewer), f"reap-{viewer.id}")
         log.info("WHEP viewer %s joined session %s", viewer.id, session.id)
         return viewer, pc.localDescription.sdp
+
+    async def _reap_unconnected(self, viewer: Viewer) -> None:
+        await asyncio.sleep(self.connect_timeout_s)
+        if self.viewers.get(viewer.id) is viewer and viewer.pc.connectionState != "connected":
+            log.info(
+                "WHEP viewer %s did not connect within %.0f s; closing it", viewer.id, self.connect_timeout_s
+            )
+            await self.close(viewer.id)
 
     async def close(self, viewer_id: str) -> bool:
         viewer = self.viewers.pop(viewer_id, None)
@@ -87,4 +105,5 @@ class WHEPServer:
             await self.close(vid)
 
     async def close_all(self) -> None:
+        await self._owner.cancel_all()
         await asyncio.gather(*(self.close(v) for v in list(self.viewers)), return_exceptions=True)

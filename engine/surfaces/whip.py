@@ -20,9 +20,10 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from engine.server.engine import Engine, EngineBusy, EngineNotReady
 from engine.server.errors import APIError
-from engine.server.webrtc import PeerManager
+from engine.server.webrtc import PeerManager, offer_error
 from engine.session.session import Session
 from engine.surfaces.sdp_http import rtc_configuration
+from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Ingest:
 
 class WHIPServer:
     def __init__(self, engine: Engine, peers: PeerManager, ice_servers: list[str]) -> None:
+        self._owner = TaskOwner("whip")
         self.engine = engine
         self.peers = peers
         self.ice_servers = ice_servers
@@ -79,11 +81,22 @@ class WHIPServer:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
-        except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+        except Exception as e:  # whatever aiortc raised: nothing half-made stays behind
             await self.close(ingest.id)
-            raise APIError(400, f"malformed SDP offer: {e}") from None
+            raise APIError(400, f"malformed SDP offer: {offer_error(e)}") from None
+        except BaseException:
+            await asyncio.shield(self.close(ingest.id))
+            raise
+        self._owner.spawn(self._reap_unconnected(ingest, pc), f"reap-{ingest.id}")
         log.info("WHIP ingest %s into session %s", ingest.id, session.id)
         return ingest, pc.localDescription.sdp
+
+    async def _reap_unconnected(self, ingest: Ingest, pc: RTCPeerConnection) -> None:
+        limit = self.engine.settings.server.connect_timeout_s
+        await asyncio.sleep(limit)
+        if self.ingests.get(ingest.id) is ingest and pc.connectionState != "connected":
+            log.info("WHIP ingest %s did not connect within %.0f s; closing it", ingest.id, limit)
+            await self.close(ingest.id)
 
     async def close(self, ingest_id: str) -> bool:
         ingest = self.ingests.pop(ingest_id, None)
@@ -102,4 +115,5 @@ class WHIPServer:
                 await ingest.pc.close()
 
     async def close_all(self) -> None:
+        await self._owner.cancel_all()
         await asyncio.gather(*(self.close(i) for i in list(self.ingests)), return_exceptions=True)

@@ -89,7 +89,7 @@ async def test_console_question_reply_captions_latency_and_overlay(
         )
 
         # overlay: a chat message shows up in the feed
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=server.auth) as http:
             async with http.post(
                 f"{server.url}/api/sessions/{session}/chat",
                 json={"user": "mika", "text": "hello from the chat", "role": "member"},

@@ -34,7 +34,7 @@ async def test_obs_page_is_transparent_where_the_idol_is_not(
     async with live_server(settings, surface_models) as server:
         assert server.engine.render_pool is not None
         await server.engine.render_pool.prepare("360p")
-        host = EngineConnection(server.url, MediaClock())
+        host = EngineConnection(server.url, MediaClock(), token=server.token)
         await host.open()
         try:
             browser = await launch()

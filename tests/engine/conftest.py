@@ -34,9 +34,9 @@ __all__ = ["LiveServer", "connected", "free_port", "live_server"]
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, with_video: bool = True) -> AsyncIterator[EngineConnection]:
-    """The bench's client (a real aiortc peer), connected to the engine at ``url``; closed on exit."""
-    c = EngineConnection(url, MediaClock())
+async def connected(server: LiveServer, with_video: bool = True) -> AsyncIterator[EngineConnection]:
+    """The bench's client (a real aiortc peer), connected to the live ``server``; closed on exit."""
+    c = EngineConnection(server.url, MediaClock(), token=server.token)
     await c.open(with_video=with_video)
     try:
         yield c

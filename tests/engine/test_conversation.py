@@ -30,7 +30,7 @@ def speech_48k(text: str, pad_s: float = 1.0) -> np.ndarray:
 
 @pytest.fixture
 async def conn(server: LiveServer) -> AsyncIterator[EngineConnection]:
-    async with connected(server.url) as c:
+    async with connected(server) as c:
         yield c
 
 
@@ -67,7 +67,7 @@ async def test_spoken_question_gets_a_spoken_reply(conn: EngineConnection, serve
     # the timings are exported to Prometheus
     import aiohttp
 
-    async with aiohttp.ClientSession() as http, http.get(f"{server.url}/metrics") as r:
+    async with aiohttp.ClientSession(headers=server.auth) as http, http.get(f"{server.url}/metrics") as r:
         text = await r.text()
     assert 'idolcast_turn_stage_ms_count{source="voice",stage="first_audio_sent"}' in text
 
@@ -129,7 +129,7 @@ class _FailingOnce:
 
 
 async def test_a_stage_crash_ends_the_turn_not_the_session_nor_another(server: LiveServer) -> None:
-    async with connected(server.url) as a, connected(server.url) as b:
+    async with connected(server) as a, connected(server) as b:
         session_a = server.engine.sessions[a.session_id]
         session_a.models = dataclasses.replace(session_a.models, llm=_FailingOnce(session_a.models.llm))
         await a.say("Hello?")
@@ -179,7 +179,7 @@ async def collect_turn(c: EngineConnection, limit_s: float = 90) -> list[dict[st
 async def test_early_reply_is_confirmed_at_the_end_of_turn_and_only_then_heard(
     slow_eot_server: LiveServer,
 ) -> None:
-    async with connected(slow_eot_server.url, with_video=False) as c:
+    async with connected(slow_eot_server, with_video=False) as c:
         clip = c.mic.play(speech_48k("What is your favorite color?", pad_s=3.5))
         events = await collect_turn(c)
         session = slow_eot_server.engine.sessions[c.session_id]
@@ -199,7 +199,7 @@ async def test_early_reply_is_confirmed_at_the_end_of_turn_and_only_then_heard(
 
 
 async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_server: LiveServer) -> None:
-    async with connected(slow_eot_server.url, with_video=False) as c:
+    async with connected(slow_eot_server, with_video=False) as c:
         session = slow_eot_server.engine.sessions[c.session_id]
         first = c.mic.play(speech_48k("What is your favorite", pad_s=0.0))
         await first.done.wait()
@@ -224,7 +224,7 @@ async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_se
 async def test_a_finished_question_ends_the_turn_sooner_a_statement_waits(
     question_server: LiveServer,
 ) -> None:
-    async with connected(question_server.url, with_video=False) as c:
+    async with connected(question_server, with_video=False) as c:
         gaps = {}
         for text in ("What is your favorite color?", "I had pancakes for breakfast today"):
             c.mic.play(speech_48k(text, pad_s=4.0))

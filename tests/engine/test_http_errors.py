@@ -10,10 +10,14 @@ from aiohttp import web
 
 from engine.config import load_settings
 from engine.server.app import create_app
+from engine.server.credentials import Credentials
 from engine.server.engine import Engine
 from tests.engine.conftest import free_port
 
 pytestmark = pytest.mark.unit
+TOKEN = "test-host-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
@@ -22,7 +26,7 @@ async def bare_url() -> AsyncIterator[str]:
     settings = load_settings(environ={})
     settings.server.max_body_bytes = 4096
     engine = Engine(settings)
-    app = create_app(settings, engine)
+    app = create_app(settings, engine, Credentials(TOKEN, None))
     app.on_startup.clear()  # do not start loading models
     runner = web.AppRunner(app)
     await runner.setup()
@@ -35,8 +39,8 @@ async def bare_url() -> AsyncIterator[str]:
 
 
 async def test_malformed_json_is_400_with_a_message(bare_url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{bare_url}/api/offer", data=b"{not json") as r:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        async with http.post(f"{bare_url}/api/offer", data=b"{not json", headers=JSON) as r:
             assert r.status == 400
             assert "malformed JSON" in (await r.json())["error"]
         async with http.post(f"{bare_url}/api/offer", json=[1, 2]) as r:
@@ -44,7 +48,7 @@ async def test_malformed_json_is_400_with_a_message(bare_url: str) -> None:
 
 
 async def test_malformed_sdp_is_400(bare_url: str) -> None:
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{bare_url}/api/offer", json={"sdp": "hello", "type": "offer"}) as r:
             assert r.status == 400 and "malformed SDP" in (await r.json())["error"]
         async with http.post(f"{bare_url}/api/offer", json={"sdp": "v=0\r\n", "type": "answer"}) as r:
@@ -52,14 +56,14 @@ async def test_malformed_sdp_is_400(bare_url: str) -> None:
 
 
 async def test_oversized_body_is_413(bare_url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{bare_url}/api/offer", data=b"x" * 10000) as r:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        async with http.post(f"{bare_url}/api/offer", data=b"x" * 10000, headers=JSON) as r:
             assert r.status == 413 and "too large" in (await r.json())["error"]
 
 
 async def test_offer_while_loading_is_503_and_health_says_loading(bare_url: str) -> None:
     sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{bare_url}/api/offer", json={"sdp": sdp, "type": "offer"}) as r:
             assert r.status == 503 and "loading" in (await r.json())["error"]
         async with http.get(f"{bare_url}/api/health") as r:
@@ -67,13 +71,13 @@ async def test_offer_while_loading_is_503_and_health_says_loading(bare_url: str)
 
 
 async def test_unknown_session_is_404(bare_url: str) -> None:
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.post(f"{bare_url}/api/sessions/nope/say", json={"text": "hi"}) as r:
             assert r.status == 404 and "no session" in (await r.json())["error"]
 
 
 async def test_metrics_and_page_are_served(bare_url: str) -> None:
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=AUTH) as http:
         async with http.get(f"{bare_url}/metrics") as r:
             assert r.status == 200 and "idolcast_sessions" in await r.text()
         async with http.get(f"{bare_url}/") as r:

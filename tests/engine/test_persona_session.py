@@ -30,10 +30,10 @@ async def persona_server(
 
 async def test_a_viewer_fact_is_written_back_and_recalled(persona_server: LiveServer) -> None:
     engine = persona_server.engine
-    async with connected(persona_server.url, with_video=False) as conn:
+    async with connected(persona_server, with_video=False) as conn:
         session = engine.sessions[conn.session_id]
         assert session.prompt is engine.persona
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=persona_server.auth) as http:
             url = f"{persona_server.url}/api/sessions/{conn.session_id}/say"
             async with http.post(url, json={"text": "My favourite food is ramen.", "speaker": "kenji"}) as r:
                 assert r.status == 202

@@ -28,7 +28,7 @@ async def video_server(settings: Settings, models: EngineModels) -> AsyncIterato
 
 
 async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_server: LiveServer) -> None:
-    async with connected(video_server.url, with_video=True) as conn:
+    async with connected(video_server, with_video=True) as conn:
         await conn.say("Please say a long sentence about the weather today.")
         done = await conn.wait_event("turn_completed", 120)
         assert done["played_text"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from aiohttp import web
 from engine.config import Settings, load_settings
 from engine.models import EngineModels, load_models
 from engine.server.app import create_app
+from engine.server.credentials import Credentials
 from engine.server.engine import Engine
 from engine.surfaces.hub import Surfaces
 from engine.surfaces.routes import SURFACES_KEY
@@ -45,16 +47,25 @@ def shared_models() -> EngineModels:
 
 
 class LiveServer:
-    def __init__(self, engine: Engine, url: str, surfaces: Surfaces) -> None:
+    def __init__(self, engine: Engine, url: str, surfaces: Surfaces, credentials: Credentials) -> None:
         self.engine = engine
         self.url = url
         self.surfaces = surfaces
+        self.credentials = credentials
+        self.token = credentials.host_token
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """Headers that carry the host credential."""
+        return {"Authorization": f"Bearer {self.token}"}
 
 
 @asynccontextmanager
 async def live_server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
     engine = Engine(settings, models)
-    app = create_app(settings, engine)
+    # A host token of its own (nothing written under var/): clients get it from LiveServer.auth.
+    credentials = Credentials(secrets.token_urlsafe(24), None)
+    app = create_app(settings, engine, credentials)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -64,7 +75,7 @@ async def live_server(settings: Settings, models: EngineModels) -> AsyncIterator
     try:
         if hub.mqtt is not None:
             await asyncio.wait_for(hub.mqtt.connected.wait(), 10)
-        yield LiveServer(engine, f"http://127.0.0.1:{port}", hub)
+        yield LiveServer(engine, f"http://127.0.0.1:{port}", hub, credentials)
     finally:
         await runner.cleanup()
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def conn(surface_server: LiveServer) -> AsyncIterator[EngineConnection]:
-    c = EngineConnection(surface_server.url, MediaClock())
+    c = EngineConnection(surface_server.url, MediaClock(), token=surface_server.token)
     await c.open()
     try:
         yield c
@@ -87,7 +87,7 @@ async def test_chat_over_a_real_mosquitto(surface_settings: Settings, surface_mo
     async with mosquitto() as port:
         surface_settings.mqtt.url = f"mqtt://127.0.0.1:{port}"
         async with live_server(surface_settings, surface_models) as server:
-            c = EngineConnection(server.url, MediaClock())
+            c = EngineConnection(server.url, MediaClock(), token=server.token)
             await c.open()
             try:
                 async with aiomqtt.Client("127.0.0.1", port) as sub:  # the retained session list
@@ -112,7 +112,7 @@ async def test_a_chat_flood_leaves_the_host_answered_first(
     async with mosquitto() as port:
         surface_settings.mqtt.url = f"mqtt://127.0.0.1:{port}"
         async with live_server(surface_settings, surface_models) as server:
-            conn = EngineConnection(server.url, MediaClock())
+            conn = EngineConnection(server.url, MediaClock(), token=server.token)
             await conn.open()
             try:
                 await flood_then_speak(server, conn, port, surface_settings)

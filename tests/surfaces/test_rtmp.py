@@ -90,11 +90,11 @@ async def test_rtmp_push_is_decodable_and_resumes_after_the_server_restarts(
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/x"
     async with live_server(settings, surface_models) as server:
-        host = EngineConnection(server.url, MediaClock())
+        host = EngineConnection(server.url, MediaClock(), token=server.token)
         await host.open()
         first = await listener(port, tmp_path / "first.flv")
         try:
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=server.auth) as http:
                 async with http.post(
                     f"{server.url}/api/sessions/{host.session_id}/rtmp", json={"url": url}
                 ) as r:
@@ -109,7 +109,7 @@ async def test_rtmp_push_is_decodable_and_resumes_after_the_server_restarts(
                 lambda: streamer.connects >= 2 and streamer.sent_s >= 3.0, 30, "the stream to resume"
             )
             await stop(second)
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=server.auth) as http:
                 async with http.delete(f"{server.url}/api/sessions/{host.session_id}/rtmp") as r:
                     assert r.status == 200
         finally:

@@ -40,7 +40,7 @@ async def post_sdp(
 
 async def test_whep_viewer_pulls_the_session_audio(server: LiveServer) -> None:
     clock = MediaClock()
-    host = EngineConnection(server.url, clock)
+    host = EngineConnection(server.url, clock, token=server.token)
     await host.open()
     viewer = RTCPeerConnection()
     owner = TaskOwner("whep-viewer")
@@ -56,7 +56,7 @@ async def test_whep_viewer_pulls_the_session_audio(server: LiveServer) -> None:
 
         await viewer.setLocalDescription(await viewer.createOffer())
         url = f"{server.url}/api/sessions/{host.session_id}/whep"
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=server.auth) as http:
             status, headers, body = await post_sdp(http, url, viewer.localDescription.sdp)
             assert status == 201, body
             assert headers["Content-Type"].startswith(SDP)
@@ -86,7 +86,7 @@ async def test_whep_viewer_pulls_the_session_audio(server: LiveServer) -> None:
 
 
 async def test_whep_and_whip_refusals(server: LiveServer) -> None:
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=server.auth) as http:
         sid = "nosuchsession"
         status, _, body = await post_sdp(
             http, f"{server.url}/api/sessions/{sid}/whep", "v=0\r\nm=audio 9\r\n"
@@ -103,9 +103,15 @@ async def test_whep_and_whip_refusals(server: LiveServer) -> None:
         )
         assert status == 400 and "audio" in json.loads(body)["error"]
         server.engine.settings.surfaces.bearer_token = "s3cret"
-        try:
-            status, headers, _ = await post_sdp(http, f"{server.url}/api/whip", "v=0\r\nm=audio 9\r\n")
+        try:  # OBS's WHIP output sends surfaces.bearer_token; any other token is refused
+            status, headers, _ = await post_sdp(
+                http, f"{server.url}/api/whip", "v=0\r\nm=audio 9\r\n", Authorization="Bearer wrong"
+            )
             assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+            status, _, body = await post_sdp(
+                http, f"{server.url}/api/whip", "v=0\r\nm=video 9\r\n", Authorization="Bearer s3cret"
+            )
+            assert status == 400 and "audio" in json.loads(body)["error"]  # past the door
         finally:
             server.engine.settings.surfaces.bearer_token = ""
         async with http.delete(f"{server.url}/api/whip/nothing") as r:
@@ -118,13 +124,8 @@ async def test_whip_ingest_starts_a_session_that_listens(server: LiveServer) -> 
     mic = QuestionTrack(clock)
     pc.addTransceiver(mic, direction="sendonly")
     await pc.setLocalDescription(await pc.createOffer())
-    async with aiohttp.ClientSession() as http:
-        status, headers, body = await post_sdp(
-            http,
-            f"{server.url}/api/whip",
-            pc.localDescription.sdp,
-            Authorization="Bearer ignored-when-no-token-is-set",
-        )
+    async with aiohttp.ClientSession(headers=server.auth) as http:
+        status, headers, body = await post_sdp(http, f"{server.url}/api/whip", pc.localDescription.sdp)
         assert status == 201, body
         resource = headers["Location"]
         sid = resource.rsplit("/", 1)[1]

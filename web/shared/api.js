@@ -1,5 +1,27 @@
 // Shared helpers of the idolcast pages: JSON API, WHEP viewer, event socket, session-clock sync.
 
+// The page's credential. Opened from this machine, the page came with a same-origin cookie (the
+// console: host; OBS and overlay: viewer). Elsewhere, give a token in the address (#token=… keeps it
+// off the server's and OBS's logs; ?token=… also works): it is traded once for the same cookie
+// (HttpOnly, SameSite=Strict) and taken out of the address.
+export async function authorize() {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  const query = new URLSearchParams(location.search);
+  const token = hash.get("token") || query.get("token");
+  if (!token) return;
+  const r = await fetch("/api/auth/session", {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: "{}",
+  });
+  if (!r.ok) console.warn(`idolcast: the token in the address was refused (${r.status})`);
+  hash.delete("token");
+  query.delete("token");
+  const q = query.toString(), h = hash.toString();
+  history.replaceState(null, "", `${location.pathname}${q ? `?${q}` : ""}${h ? `#${h}` : ""}`);
+}
+await authorize();
+
 export async function api(path, { method = "GET", body } = {}) {
   const r = await fetch(path, {
     method,
@@ -84,6 +106,7 @@ export class SessionClock {
 export async function resolveSession(wanted) {
   if (wanted && wanted !== "latest") return wanted;
   const { sessions } = await api("/api/streams");
-  if (!sessions.length) throw new Error("no session is running yet");
-  return sessions[0].id;
+  const live = sessions.find((s) => s.connected);  // "latest": the newest connected host session
+  if (!live) throw new Error("no session is running yet");
+  return live.id;
 }
