@@ -50,11 +50,14 @@ async def index(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness (200 while the process works); with ``?ready=1``, readiness: 503 unless admitting."""
     engine = _engine(request)
     body = engine.status.as_dict() | {"sessions": len(engine.sessions)}
+    body |= {"admitting": engine.admitting, "draining": engine.draining is not None}
     if engine.models is not None:
         body["models"] = engine.models.describe()
-    return web.json_response(body)
+    ready = request.query.get("ready") not in (None, "", "0")
+    return web.json_response(body, status=503 if ready and not engine.admitting else 200)
 
 
 async def offer(request: web.Request) -> web.Response:
