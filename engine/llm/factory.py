@@ -7,10 +7,28 @@ from engine.llm.config import LLMConfig
 from engine.progress import Progress, silent_progress
 
 
+def resolve_backend(config: LLMConfig) -> str:
+    """The backend ``llm.backend`` means here: 'auto' is llama.cpp for a GGUF model on the CPU, transformers
+    on an NVIDIA GPU (its CUDA-graph decode) or for other model formats."""
+    if config.backend != "auto":
+        return config.backend
+    from engine.llm.hf_models import pick_device, resolve_source
+
+    source = resolve_source(config.model)
+    if source.kind != "gguf" or pick_device(config.device) == "cuda":
+        return "transformers"
+    return "llama.cpp"
+
+
 def load_llm(config: LLMConfig, progress: Progress = silent_progress) -> LLM:
-    """Build the configured backend. Blocking (the transformers backend loads weights): run it in an
+    """Build the configured backend. Blocking (the in-process backends load weights): run it in an
     executor. Raises :class:`LLMError` with the key and the reason when it cannot."""
-    if config.backend == "transformers":
+    backend = resolve_backend(config)
+    if backend == "llama.cpp":
+        from engine.llm.llama_cpp_backend import LlamaCppLLM
+
+        return LlamaCppLLM(config, progress)
+    if backend == "transformers":
         from engine.llm.transformers_backend import TransformersLLM
 
         return TransformersLLM(config, progress)
@@ -18,14 +36,20 @@ def load_llm(config: LLMConfig, progress: Progress = silent_progress) -> LLM:
         from engine.llm.openai_backend import OpenAICompatibleLLM
 
         return OpenAICompatibleLLM(config)
-    raise LLMError(f"llm.backend: unknown backend {config.backend!r} (expected 'transformers' or 'openai')")
+    raise LLMError(
+        f"llm.backend: unknown backend {config.backend!r} (expected 'auto', 'llama.cpp', 'transformers' or "
+        "'openai')"
+    )
 
 
 async def close_llm(llm: LLM) -> None:
-    """Release what a backend holds open (the HTTP pool of the OpenAI backend); a no-op otherwise."""
+    """Release what a backend holds open (the HTTP pool of the OpenAI backend, llama.cpp's contexts)."""
     aclose = getattr(llm, "aclose", None)
     if aclose is not None:
         await aclose()
+    close = getattr(llm, "close", None)
+    if close is not None:
+        close()
 
 
 def describe(config: LLMConfig) -> str:
@@ -37,8 +61,15 @@ def describe(config: LLMConfig) -> str:
 
     try:
         source = resolve_source(config.model)
+        backend = resolve_backend(config)
     except LLMError as e:
-        return f"transformers: NOT USABLE: {e}"
+        return f"{config.backend}: NOT USABLE: {e}"
+    if backend == "llama.cpp":
+        import importlib.util
+
+        built = importlib.util.find_spec("llama_cpp") is not None
+        state = "llama-cpp-python installed" if built else "NOT USABLE: llama-cpp-python is not installed"
+        return f"llama.cpp {source.label} from GGUF {source.gguf_file} ({state}; cpu)"
     where = f"device {config.device}, dtype {config.dtype}"
     if source.kind == "random":
         return f"transformers {source.label}: random weights, benchmarks only ({where})"

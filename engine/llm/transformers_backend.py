@@ -1,9 +1,9 @@
 """The in-process language model: transformers with our own decode loop and a reusable KV cache.
 
 Generation runs in one worker thread per call and hands text pieces to the event loop through a
-bounded channel (a credit semaphore: the worker blocks when the consumer falls behind). Closing
-the stream, cancelling its consumer, or dropping it sets a stop flag the worker checks before
-every forward pass, so it stops within one decode step (or one prefill chunk).
+bounded channel (:mod:`engine.llm.streaming`, shared with the llama.cpp backend). Closing the stream,
+cancelling its consumer, or dropping it sets a stop flag the worker checks before every forward pass,
+so it stops within one decode step (or one prefill chunk).
 
 Per ``cache_key`` the backend keeps the token ids and the ``DynamicCache`` of the previous call
 (see :mod:`engine.llm.kv_cache`); the next call prefills only what follows the longest common
@@ -16,7 +16,6 @@ token prefix. Prompt handling, sampling, the stop flag and the counters are the 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
 import inspect
@@ -26,8 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,157 +35,25 @@ from engine.llm.graph_kv import GraphSlot, GraphSlots
 from engine.llm.hf_models import load_model, pick_device, pick_dtype, resolve_source
 from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len, crop_cache
 from engine.llm.random_model import speakable_bias
+from engine.llm.streaming import (
+    END_OF_TURN_TOKENS,
+    PREWARM_MIN_TOKENS,
+    CallStats,
+    Detokenizer,
+    PieceChannel,
+    WorkerStream,
+    run_stoppable,
+)
+from engine.llm.turn_end import split_at_last_message
 from engine.llm.workers import warmed_pool
 from engine.progress import Progress, silent_progress
 
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: the stop flag is checked between chunks
-WORKER_JOIN_S = 5.0  # aclose waits this long at most (a stop lands within one forward pass)
-CHANNEL_PIECES = 32  # text pieces the worker may run ahead of the consumer
 SAMPLING_OPTIONS = frozenset(
     {"max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
 )
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
-
-
-@dataclass
-class CallStats:
-    """What one ``stream`` call did (filled in by the worker as it goes)."""
-
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-    prefilled_tokens: int = 0
-    generated_tokens: int = 0
-    ttft_s: float | None = None  # worker start to the first text piece handed over
-    # Where the time to the first piece went (seconds from the worker's start): the prompt tokenized, the
-    # prefill's work queued (on CUDA it runs asynchronously), the first token sampled (a host sync).
-    encoded_s: float | None = None
-    prefill_queued_s: float | None = None
-    first_token_s: float | None = None
-    elapsed_s: float = 0.0
-    stop_reason: str = ""  # "eos" | "max_new_tokens" | "cancelled" | "error"
-    reply_ids: list[int] = field(default_factory=list, repr=False)
-    started: float = field(default_factory=time.perf_counter, repr=False)
-
-
-@dataclass(frozen=True)
-class _End:
-    error: BaseException | None = None
-
-
-# A shorter missing tail is left to the next call: a separate forward pass costs a whole step (~100 ms on
-# the 2-core CPU, memory-bound) where a few more tokens in the next prefill cost ~2 ms each.
-PREWARM_MIN_TOKENS = 16
-
-
-class _Channel:
-    """Worker thread → event loop hand-off, bounded by credits."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pieces: int = CHANNEL_PIECES) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
-        self.credits = threading.Semaphore(pieces)
-        self.stop = threading.Event()
-
-    def put(self, piece: str) -> bool:
-        """Hand one piece over, blocking while the consumer is behind; False once stopped."""
-        while not self.stop.is_set():
-            if self.credits.acquire(timeout=0.05):
-                return self._post(piece)
-        return False
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self._post(_End(error))
-
-    def _post(self, item: str | _End) -> bool:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-            return True
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.stop.set()
-            return False
-
-
-class TransformersStream:
-    """The async iterator returned by :meth:`TransformersLLM.stream` (starts on first ``__anext__``)."""
-
-    def __init__(self, llm: TransformersLLM, messages: list[ChatMessage], cache_key: str | None) -> None:
-        self._llm = llm
-        self._messages = messages
-        self._key = cache_key
-        self._chan: _Channel | None = None
-        self.thread: threading.Thread | None = None
-        self._done = False
-        self._ended = False  # the worker's end marker was received
-
-    def __aiter__(self) -> TransformersStream:
-        return self
-
-    async def __anext__(self) -> str:
-        if self._done:
-            raise StopAsyncIteration
-        if self._chan is None:
-            self._chan = _Channel(asyncio.get_running_loop())
-            workers = self._llm.cuda_workers
-            if workers is not None:  # CUDA: one of the long-lived, warmed worker threads
-                workers.submit(self._llm._worker, self._messages, self._key, self._chan)
-            else:
-                self.thread = threading.Thread(
-                    target=self._llm._worker,
-                    args=(self._messages, self._key, self._chan),
-                    name="llm-decode",
-                    daemon=True,
-                )
-                self.thread.start()
-        try:
-            item = await self._chan.queue.get()
-        except asyncio.CancelledError:
-            self._chan.stop.set()
-            self._done = True
-            raise
-        if isinstance(item, _End):
-            self._done = self._ended = True
-            if item.error is not None:
-                raise item.error
-            raise StopAsyncIteration
-        self._chan.credits.release()
-        return item
-
-    async def aclose(self) -> None:
-        """Stop generation and wait (up to ``WORKER_JOIN_S``) until the worker has let go of the model
-        and put its KV cache back: the next turn on this conversation can reuse it at once."""
-        self._done = True
-        if self._chan is None or self._ended:
-            return
-        self._chan.stop.set()
-        with suppress(TimeoutError):
-            async with asyncio.timeout(WORKER_JOIN_S):
-                while not isinstance(await self._chan.queue.get(), _End):
-                    pass
-                self._ended = True
-
-    def __del__(self) -> None:
-        if self._chan is not None:
-            self._chan.stop.set()
-
-
-class _Detokenizer:
-    """Decode the running reply and hand out only the new suffix (keeps multi-byte and spaces intact)."""
-
-    def __init__(self, decode: Any) -> None:
-        self._decode = decode
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self._decode(self.ids).lstrip()
-        if text.endswith("\ufffd") or len(text) <= len(self.emitted):
-            return ""  # an incomplete UTF-8 sequence, or nothing new yet
-        piece = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
-        self.emitted = text
-        return piece
 
 
 def cpu_threads(setting: int) -> int:
@@ -284,19 +149,14 @@ class TransformersLLM:
 
     # ---- the LLM protocol ---------------------------------------------------------------
 
-    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> TransformersStream:
-        return TransformersStream(self, list(messages), cache_key)
+    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> WorkerStream:
+        work = functools.partial(self._worker, list(messages), cache_key)
+        return WorkerStream(work, self.cuda_workers)  # CPU: a thread of its own
 
     async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
-        stop = threading.Event()
-        run = functools.partial(self._prewarm, list(messages), cache_key, stop)
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self.cuda_workers, run)  # None: the loop's default executor (CPU)
-        try:
-            return await asyncio.shield(job)
-        except asyncio.CancelledError:
-            stop.set()  # the worker stops at the next prefill chunk and puts its cache back
-            raise
+        # Cancelled: the worker stops at the next prefill chunk and puts its cache back.
+        job = functools.partial(self._prewarm, list(messages), cache_key)
+        return int(await run_stoppable(self.cuda_workers, job))
 
     def _prewarm(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> int:
         ids = self.encode_chat(messages, generation_prompt=False)
@@ -332,6 +192,63 @@ class TransformersLLM:
                 finally:
                     self.caches.put_back(key, keep_entry)
         return stats.prefilled_tokens
+
+    async def end_of_turn_probability(
+        self, messages: list[ChatMessage], cache_key: str | None = None
+    ) -> float:
+        job = functools.partial(self._end_of_turn, list(messages), cache_key)
+        return float(await run_stoppable(self.cuda_workers, job))
+
+    def _end_of_turn(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> float:
+        """P(end-of-turn marker) right after the last message's text; the evaluated prefix stays cached
+        (the conversation's CPU cache, or a CUDA-graph slot) for the reply that follows."""
+        if not messages:
+            raise ValueError("no messages to score")
+        with self._tok_lock:
+            rendered = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=False, tokenize=False
+            )
+        head, tail = split_at_last_message(str(rendered), messages[-1]["content"])
+        with self._tok_lock:
+            ids = list(self.tokenizer(head, add_special_tokens=False)["input_ids"])
+            marker = list(self.tokenizer(tail, add_special_tokens=False)["input_ids"])
+        if not ids or not marker:
+            raise LLMError("the chat template leaves no end-of-turn marker after the message")
+        stats = CallStats()
+        logits: torch.Tensor | None = None
+        with torch.inference_mode():
+            slots = self.graph_slots
+            if slots is not None:
+                self._check_length(len(ids), slots.max_len, "the CUDA-graph KV cache's")
+                slot = slots.take(ids, stop)
+                if slot is None:
+                    return 0.0
+                valid = False
+                try:
+                    logits = self._slot_prefill(slot, ids, len(ids) - 1, stop, stats)
+                    if logits is not None:
+                        logits = logits.to(torch.float32, copy=True)
+                    valid = True
+                finally:
+                    slots.put_back(slot, valid)
+            else:
+                self._check_length(len(ids), self.max_positions, "the model's")
+                owned, entry = self.caches.take(key, stop) if key is not None else (False, None)
+                keep_entry: CacheEntry | None = None
+                try:
+                    cache, keep = self._reuse(entry, ids, len(ids) - 1)
+                    keep_entry = CacheEntry(ids[:keep], cache)
+                    forward = functools.partial(self._cache_forward, cache)
+                    logits = self._prefill(ids, keep, forward, keep_entry.ids, stop, stats)
+                except Exception:
+                    keep_entry = None
+                    raise
+                finally:
+                    if key is not None and owned:
+                        self.caches.put_back(key, keep_entry)
+        if logits is None:
+            return 0.0
+        return float(torch.softmax(logits.float().reshape(-1), dim=-1)[marker[0]])
 
     def with_options(self, **changes: Any) -> TransformersLLM:
         """A sibling sharing this one's weights and tokenizer, with other sampling settings
@@ -450,7 +367,7 @@ class TransformersLLM:
 
     # ---- the worker thread --------------------------------------------------------------
 
-    def _worker(self, messages: list[ChatMessage], key: str | None, chan: _Channel) -> None:
+    def _worker(self, messages: list[ChatMessage], key: str | None, chan: PieceChannel) -> None:
         stats = CallStats()
         self.last_call = stats
         graph = self.graph_slots is not None
@@ -477,7 +394,7 @@ class TransformersLLM:
         chan.finish(error)
 
     def _generate(
-        self, messages: list[ChatMessage], entry: CacheEntry | None, chan: _Channel, stats: CallStats
+        self, messages: list[ChatMessage], entry: CacheEntry | None, chan: PieceChannel, stats: CallStats
     ) -> CacheEntry:
         ids = self.encode_chat(messages)
         stats.encoded_s = time.perf_counter() - stats.started
@@ -549,14 +466,14 @@ class TransformersLLM:
             )
 
     def _sample(
-        self, logits: torch.Tensor, feed: Callable[[int], torch.Tensor], chan: _Channel, stats: CallStats
+        self, logits: torch.Tensor, feed: Callable[[int], torch.Tensor], chan: PieceChannel, stats: CallStats
     ) -> None:
         """Sample up to ``max_new_tokens`` from ``logits`` on, handing text pieces to ``chan``;
         ``feed(token)`` puts a sampled token into the cache and returns the next logits (float32)."""
         cfg = self.config
         procs = self._processors()
         greedy = cfg.temperature == 0
-        detok = _Detokenizer(self._decode)
+        detok = Detokenizer(self._decode)
         reply: list[int] = []
         stats.stop_reason = "max_new_tokens"
         for step in range(cfg.max_new_tokens):
@@ -594,7 +511,7 @@ class TransformersLLM:
 
     # ---- the CUDA-graph path ------------------------------------------------------------
 
-    def _generate_graph(self, messages: list[ChatMessage], chan: _Channel, stats: CallStats) -> None:
+    def _generate_graph(self, messages: list[ChatMessage], chan: PieceChannel, stats: CallStats) -> None:
         slots = self.graph_slots
         assert slots is not None
         ids = self.encode_chat(messages)
@@ -634,7 +551,7 @@ class TransformersLLM:
 
         return self._prefill(ids, keep, forward, slot.ids, stop, stats)
 
-    def _run_graph(self, slot: GraphSlot, ids: list[int], chan: _Channel, stats: CallStats) -> None:
+    def _run_graph(self, slot: GraphSlot, ids: list[int], chan: PieceChannel, stats: CallStats) -> None:
         dec = slot.decoder
         # Reuse the longest common prefix; at least one token must be fed to get logits.
         logits = self._slot_prefill(slot, ids, len(ids) - 1, chan.stop, stats)

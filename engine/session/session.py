@@ -41,6 +41,7 @@ from engine.models import EngineModels
 from engine.session.bus import EventBus
 from engine.session.reply import ReplyContext, ReplyResult, StageFailed, run_reply
 from engine.session.timings import TurnMetrics, TurnTimings
+from engine.session.turn_end import TurnEndDecision, TurnEndDetector
 from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport.audio_out import IdolAudioTrack
 from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
@@ -51,7 +52,6 @@ from engine.vad.silero import VoiceActivityDetector
 log = logging.getLogger(__name__)
 
 PREROLL_S = 0.3
-QUESTION_ENDS = ("?", "!")  # a speculative transcript ending so reads as a finished turn
 T = TypeVar("T")
 
 
@@ -97,10 +97,12 @@ class _Utterance:
     """The host's current spoken turn as the listener tracks it."""
 
     stream: Any  # TranscriptStream
+    start_t: float = 0.0  # when the speech started (clock time)
     paused: bool = False  # silence since the last pause: audio is held back, not appended
     held: list[np.ndarray] = field(default_factory=list)
     ended: bool = False  # the end of the turn was detected: no more partials, too late for an early reply
     early: _EarlyReply | None = None
+    turn_end: TurnEndDecision | None = None  # the latest pause's judgement of the words so far
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -468,7 +470,7 @@ class Session:
                     preroll.append(chunk.audio)
                 for ev in events:
                     if isinstance(ev, VADSpeechStarted):
-                        utt = _Utterance(self.models.asr.new_stream())
+                        utt = _Utterance(self.models.asr.new_stream(), start_t=arrivals.clock_time(ev.t))
                         for piece in preroll:
                             utt.append(piece)
                         preroll.clear()
@@ -498,11 +500,22 @@ class Session:
         await utt.stream.speculate()
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
-        if settled is None or not settled.text or not utt.paused:
+        if settled is None or not settled.text or not utt.paused or utt.ended:
             return
-        question_ms = self.settings.vad.end_of_turn_question_ms
-        if question_ms and settled.text.rstrip().endswith(QUESTION_ENDS):
-            vad.end_turn_sooner(silence_start, question_ms)  # a finished question: answer it sooner
+        words = UserTurn(t=self.clock.now(), text=settled.text, source="voice", speaker="host", turn_id=0)
+        detector = TurnEndDetector(self.settings.vad, self.models.llm, self.prompt, self.id)
+        try:
+            decision = await detector.decide(words)
+        except Exception as e:  # an optimization: the turn then ends on the whole silence
+            log.warning("end-of-turn scoring failed: %r", e)
+            decision = TurnEndDecision(False, detector.method)
+        log.debug("turn end: %r -> %s", settled.text, decision)
+        if not utt.paused or utt.ended or utt.stream.settled() is None:
+            return  # speech came back (or the turn ended) while it was scored
+        utt.turn_end = decision
+        finished_ms = self.settings.vad.end_of_turn_finished_ms
+        if decision.finished and finished_ms:
+            vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
         self._start_early(utt, settled.text)
 
     async def _partials(self, utt: _Utterance) -> None:
@@ -528,7 +541,17 @@ class Session:
             early = None
             self._cancel_early("transcript changed")
         if not text:
-            self.bus.publish({"type": "final", "text": "", "t": now})
+            # Heard speech, recognised no words: say so (the host sees it) and keep listening.
+            log.info("turn not answered: no words recognised in %.1f s of speech", speech_end - utt.start_t)
+            self.bus.publish(
+                {
+                    "type": "final",
+                    "text": "",
+                    "t": now,
+                    "unanswered": "no words recognised",
+                    "speech_s": round(max(0.0, speech_end - utt.start_t), 3),
+                }
+            )
             return
         if early is not None and early.task is not None:
             self._early = None
@@ -542,6 +565,8 @@ class Session:
         )
         timings = self._active[turn.turn_id]
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
+        if utt.turn_end is not None:
+            timings.turn_end = utt.turn_end.to_dict()
         self._announce(turn)
         self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
         if early is not None:

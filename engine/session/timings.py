@@ -35,6 +35,7 @@ class TurnTimings:
     interrupted: bool = False
     early_reply: bool = False  # the reply started on the pause, before the end of the turn
     llm: dict[str, float] | None = None  # the in-process model's work (see reply._llm_stats)
+    turn_end: dict[str, object] | None = None  # the pause's end-of-turn judgement (session/turn_end.py)
     error: str | None = None
 
     def mark(self, stage: str, t: float) -> None:

@@ -1,3 +1,5 @@
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -14,12 +16,24 @@ class VADConfig(BaseModel):
     end_of_turn_silence_ms: int = Field(
         400, ge=100, le=5000, description="silence after speech that ends the host's turn"
     )
-    end_of_turn_question_ms: int = Field(
+    end_of_turn_finished_ms: int = Field(
         200,
         ge=0,
         le=5000,
-        description="silence that ends the turn when the speculative transcript at the pause ends in '?' or "
-        "'!' (a finished question or exclamation: she answers sooner); 0 = always end_of_turn_silence_ms",
+        description="silence that ends the turn when the words so far read as finished (see turn_detector): "
+        "she answers sooner; 0 = always end_of_turn_silence_ms",
+    )
+    turn_detector: Literal["auto", "llm", "punctuation", "off"] = Field(
+        "auto",
+        description="how a pause's speculative transcript is judged finished: 'llm' = the reply LLM's "
+        "probability of its end-of-turn marker after the words (llama.cpp, transformers); 'punctuation' = "
+        "ends in '?' or '!'; 'auto' = llm where the backend can score, else punctuation",
+    )
+    end_of_turn_threshold: float = Field(
+        0.05,
+        gt=0.0,
+        lt=1.0,
+        description="the LLM's end-of-turn probability at or above which the words count as finished",
     )
     end_refine_ms: int = Field(
         160,

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.unit
 def test_defaults_without_file(tmp_path: Path) -> None:
     s = load_settings(environ={})
     assert s.server.port == 8080
-    assert s.llm.backend == "transformers"
+    assert s.llm.backend == "auto"  # llama.cpp for the bundled GGUF on a CPU, transformers on a GPU
 
 
 def test_file_and_env_override(tmp_path: Path) -> None:

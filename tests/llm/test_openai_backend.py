@@ -21,7 +21,8 @@ from engine.llm.base import LLMError
 from engine.llm.config import LLMConfig
 from engine.llm.factory import close_llm, describe, load_llm
 from engine.llm.openai_backend import OpenAICompatibleLLM
-from engine.llm.transformers_backend import TransformersLLM, TransformersStream
+from engine.llm.streaming import WorkerStream
+from engine.llm.transformers_backend import TransformersLLM
 from tests.llm.conftest import chat, collect, first_pieces
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -31,7 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ServerLog:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
-    streams: list[TransformersStream] = field(default_factory=list)
+    streams: list[WorkerStream] = field(default_factory=list)
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
 

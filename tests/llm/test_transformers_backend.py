@@ -10,7 +10,8 @@ from contextlib import suppress
 import pytest
 
 from engine.llm.base import LLMError
-from engine.llm.transformers_backend import CHANNEL_PIECES, TransformersLLM, _Detokenizer
+from engine.llm.streaming import CHANNEL_PIECES, Detokenizer
+from engine.llm.transformers_backend import TransformersLLM
 from tests.llm.conftest import chat, collect, first_pieces
 
 pytestmark = pytest.mark.integration
@@ -154,7 +155,7 @@ async def test_sampling_and_prompt_limit(smollm: TransformersLLM) -> None:
 def test_detokenizer_keeps_multibyte_text_and_spaces(smollm: TransformersLLM) -> None:
     text = "Café ☕ こんにちは, naïve fan! 🎤🎶  two  spaces"
     ids = smollm.tokenizer(text, add_special_tokens=False)["input_ids"]
-    detok = _Detokenizer(lambda i: smollm.tokenizer.decode(i, skip_special_tokens=True))
+    detok = Detokenizer(lambda i: smollm.tokenizer.decode(i, skip_special_tokens=True))
     pieces = [detok.push(i) for i in ids]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == text

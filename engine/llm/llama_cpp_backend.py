@@ -1,0 +1,465 @@
+"""The CPU language model: llama.cpp (``llama-cpp-python``) on the GGUF itself, no dequantizing.
+
+The bundled SmolLM2-135M is a Q4_1 GGUF: transformers must dequantize it to float32 and reads 540 MB of
+weights per token (~8 tokens/s on two cores); llama.cpp runs the quantized tensors directly (~118
+tokens/s there, docs/PERFORMANCE.md). Loading is an mmap of the file (0.1 s warm).
+
+**Conversations and their caches.** One model, several llama.cpp *contexts* (``llm.contexts``), each a KV
+cache of its own (:class:`_Context`). A conversation (``cache_key``) keeps the context it was given, so its
+evaluated prefix (system prompt, history, the host's words so far) survives between turns and each call
+prefills only what follows the longest common token prefix. A new conversation takes a free context or the
+one used least recently; contexts in use are never taken, so sessions do not evict each other on every turn
+while there are at least as many contexts as talking sessions. The weights are shared: a context costs its
+KV cache (~47 MB for SmolLM2 at 2,048 positions) and its compute buffers.
+
+Generation runs in a worker thread per call through :mod:`engine.llm.streaming` (a stop flag checked
+before every forward pass: closing the stream stops it within one token). Sampling is
+:mod:`engine.llm.sampling` (the same controls as the transformers path).
+
+This module uses ``llama_cpp._internals`` (``LlamaContext``, ``LlamaBatch``) for the contexts beyond the
+first: ``Llama`` has one context per model, and loading the model once per context would repeat its load
+and buffers. The version is pinned in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.llm.base import ChatMessage, LLMError
+from engine.llm.config import LLMConfig
+from engine.llm.hf_models import ModelSource, resolve_source
+from engine.llm.kv_cache import common_prefix_len
+from engine.llm.sampling import Sampler
+from engine.llm.streaming import (
+    END_OF_TURN_TOKENS,
+    PREWARM_MIN_TOKENS,
+    CallStats,
+    Detokenizer,
+    PieceChannel,
+    WorkerStream,
+    run_stoppable,
+)
+from engine.llm.turn_end import split_at_last_message
+from engine.progress import Progress, silent_progress
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 64  # tokens per prefill forward: the stop flag is checked between chunks
+TAKE_WAIT_S = 10.0  # a call waits this long for a context when every one is busy
+SAMPLING_OPTIONS = frozenset(
+    {"max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
+)
+
+
+def llama_threads(setting: int) -> int:
+    """Threads for llama.cpp: the setting, or all cores up to 4 (a decode step is memory-bound and
+    short; it shares the cores with TTS and the renderer, which run between its steps)."""
+    if setting > 0:
+        return setting
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def gguf_path(source: ModelSource) -> Path:
+    if source.kind != "gguf" or source.gguf_file is None:
+        raise LLMError(
+            f"llm.backend 'llama.cpp' runs GGUF files; llm.model {source.label or source.location!r} is "
+            f"not one (use a .gguf path, or llm.backend = 'transformers')"
+        )
+    return Path(source.location) / source.gguf_file
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a missing, unreadable or non-GGUF file with a message naming it (before llama.cpp, whose
+    own failure is a bare 'Failed to load model')."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise LLMError(f"llm.model: cannot read {path}: {e.strerror or e}") from e
+    if magic != b"GGUF":
+        raise LLMError(f"llm.model: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+@dataclass
+class _Context:
+    """One llama.cpp context: a KV cache holding ``ids`` (positions 0..len-1), used by one call at a time."""
+
+    ctx: Any  # llama_cpp._internals.LlamaContext
+    batch: Any  # llama_cpp._internals.LlamaBatch
+    n_vocab: int
+    n_batch: int
+    ids: list[int] = field(default_factory=list)
+    key: str | None = None  # the conversation it holds
+    busy: bool = False
+    last_used: float = 0.0
+
+    def crop(self, keep: int) -> None:
+        """Keep the first ``keep`` cached positions."""
+        if keep < len(self.ids):
+            self.ctx.kv_cache_seq_rm(-1, keep, -1)
+            del self.ids[keep:]
+
+    def feed(self, tokens: list[int]) -> np.ndarray:
+        """Evaluate ``tokens`` after what is cached; the last position's logits (float32 [V], a copy)."""
+        for i in range(0, len(tokens), self.n_batch):
+            part = tokens[i : i + self.n_batch]
+            self.batch.set_batch(batch=part, n_past=len(self.ids), logits_all=False)
+            try:
+                self.ctx.decode(self.batch)
+            except RuntimeError as e:
+                self.ctx.kv_cache_seq_rm(-1, len(self.ids), -1)  # nothing half-fed stays cached
+                raise LLMError(f"llama.cpp decode failed: {e}") from e
+            self.ids.extend(part)
+        logits = np.ctypeslib.as_array(self.ctx.get_logits_ith(-1), shape=(self.n_vocab,))
+        return np.array(logits, dtype=np.float32)
+
+
+class LlamaCppLLM:
+    """:class:`~engine.llm.base.LLM` on llama.cpp. Construction loads the model (blocking, ~0.1-3 s): call it
+    from an executor."""
+
+    def __init__(self, config: LLMConfig | None = None, progress: Progress = silent_progress) -> None:
+        try:
+            import llama_cpp
+            from llama_cpp import _internals
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        except ImportError as e:
+            raise LLMError(
+                "llm.backend 'llama.cpp' needs the llama-cpp-python package (built by `make install`; "
+                f"or set llm.backend = 'transformers'): {e}"
+            ) from e
+        self.config = config or LLMConfig()  # type: ignore[call-arg]
+        self.source = resolve_source(self.config.model)
+        self.path = gguf_path(self.source)
+        check_gguf(self.path)
+        self.threads = llama_threads(self.config.threads)
+        progress("llm", f"loading {self.path.name} with llama.cpp ({self.threads} threads)", 0.0)
+        start = time.perf_counter()
+        try:
+            self.llama = llama_cpp.Llama(
+                model_path=str(self.path),
+                n_ctx=self.config.context_size,
+                n_batch=PREFILL_CHUNK,
+                n_ubatch=PREFILL_CHUNK,
+                n_threads=self.threads,
+                n_threads_batch=self.threads,
+                use_mmap=True,
+                logits_all=False,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise LLMError(f"llm.model: llama.cpp could not load {self.path}: {e}") from e
+        self.load_s = time.perf_counter() - start
+        self._internals = _internals
+        self.n_ctx = self.llama.n_ctx()
+        self.n_vocab = self.llama.n_vocab()
+        meta = self.llama.metadata
+        template = meta.get("tokenizer.chat_template")
+        if not template:
+            raise LLMError(f"llm.model: {self.path} carries no chat template (tokenizer.chat_template)")
+        eos = self.llama.token_eos()
+        bos = self.llama.token_bos()
+        piece = functools.partial(self.llama._model.token_get_text)
+        eos_text = piece(eos) if eos >= 0 else ""
+        bos_text = piece(bos) if bos >= 0 else ""
+        self._render = {
+            prompt: Jinja2ChatFormatter(template, eos_text, bos_text, add_generation_prompt=prompt)
+            for prompt in (True, False)
+        }
+        self.stop_ids = self._stop_ids(eos)
+        self._lock = threading.Condition()
+        first = _Context(
+            self.llama._ctx, self.llama._batch, self.n_vocab, PREFILL_CHUNK, last_used=time.monotonic()
+        )
+        self._contexts: list[_Context] = [first]
+        # Cumulative counters over all calls (the worker threads update them).
+        self.prefilled_tokens = 0
+        self.reused_tokens = 0
+        self.generated_tokens = 0
+        self.last_call = CallStats()
+        with self._context_for(None, threading.Event()) as c:  # warm: the first decode allocates
+            assert c is not None
+            c.feed([self.stop_ids[0] if self.stop_ids else 0])
+            c.crop(0)
+        progress("llm", f"llama.cpp ready ({self.load_s:.1f} s)", 1.0)
+
+    # ---- the LLM protocol ---------------------------------------------------------------
+
+    def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> WorkerStream:
+        return WorkerStream(functools.partial(self._worker, list(messages), cache_key))
+
+    async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
+        return int(await run_stoppable(None, functools.partial(self._prewarm, list(messages), cache_key)))
+
+    async def end_of_turn_probability(
+        self, messages: list[ChatMessage], cache_key: str | None = None
+    ) -> float:
+        job = functools.partial(self._end_of_turn, list(messages), cache_key)
+        return float(await run_stoppable(None, job))
+
+    def describe(self) -> str:
+        return (
+            f"llama.cpp {self.source.label or self.path.name} (cpu, GGUF {self.path.name}, {self.threads} "
+            f"threads, {self.config.contexts} conversation contexts of {self.n_ctx} positions)"
+        )
+
+    def with_options(self, **changes: Any) -> LlamaCppLLM:
+        """A sibling sharing this one's model and contexts, with other sampling settings."""
+        import copy
+
+        bad = set(changes) - SAMPLING_OPTIONS
+        if bad:
+            raise ValueError(f"with_options only changes {sorted(SAMPLING_OPTIONS)}, not {sorted(bad)}")
+        sibling = copy.copy(self)
+        sibling.config = LLMConfig.model_validate({**self.config.model_dump(), **changes})
+        return sibling
+
+    def close(self) -> None:
+        with self._lock:
+            extra, self._contexts = self._contexts[1:], self._contexts[:1]
+        for c in extra:
+            c.ctx.close()
+            c.batch.close()
+        self.llama.close()
+
+    # ---- prompt ---------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[ChatMessage], generation_prompt: bool = True) -> list[int]:
+        """The prompt token ids: the GGUF's chat template, the assistant turn opened (or, without
+        ``generation_prompt``, just the messages: the start of a later prompt)."""
+        return self.tokenize(self._rendered(messages, generation_prompt))
+
+    def _rendered(self, messages: list[ChatMessage], generation_prompt: bool) -> str:
+        return str(self._render[generation_prompt](messages=messages).prompt)  # type: ignore[arg-type]
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.llama.detokenize(ids).decode("utf-8", errors="replace")
+
+    def _stop_ids(self, eos: int) -> list[int]:
+        ids = {eos} if eos >= 0 else set()
+        for token in END_OF_TURN_TOKENS:
+            found = self.tokenize(token)
+            if len(found) == 1:
+                ids.add(found[0])
+        return sorted(ids)
+
+    # ---- contexts -------------------------------------------------------------------------
+
+    def _new_context(self) -> _Context:
+        params = self.llama.context_params
+        ctx = self._internals.LlamaContext(model=self.llama._model, params=params, verbose=False)
+        batch = self._internals.LlamaBatch(n_tokens=PREFILL_CHUNK, embd=0, n_seq_max=1, verbose=False)
+        return _Context(ctx, batch, self.n_vocab, PREFILL_CHUNK)
+
+    def _take(self, key: str | None, stop: threading.Event) -> _Context | None:
+        """The context for ``key``: its own, else a free one (new while under ``llm.contexts``, else the
+        least recently used); waits while every one is busy. None once ``stop`` is set or after
+        ``TAKE_WAIT_S``."""
+        deadline = time.monotonic() + TAKE_WAIT_S
+        grow = False
+        with self._lock:
+            while True:
+                mine = next((c for c in self._contexts if key is not None and c.key == key), None)
+                if mine is not None and not mine.busy:
+                    mine.busy = True
+                    return mine
+                if mine is None:
+                    free = [c for c in self._contexts if not c.busy]
+                    if len(self._contexts) < self.config.contexts and not any(c.key is None for c in free):
+                        grow = True
+                        break
+                    if free:
+                        c = min(free, key=lambda c: (c.key is not None, c.last_used))
+                        c.busy, c.key = True, key
+                        c.crop(0)
+                        return c
+                if stop.is_set() or time.monotonic() >= deadline:
+                    return None
+                self._lock.wait(0.05)
+        if grow:  # outside the lock: creating a context allocates its buffers
+            c = self._new_context()
+            c.busy, c.key = True, key
+            with self._lock:
+                self._contexts.append(c)
+            return c
+        return None  # pragma: no cover
+
+    def _put_back(self, c: _Context, valid: bool) -> None:
+        with self._lock:
+            if not valid:
+                c.crop(0)
+            c.busy = False
+            c.last_used = time.monotonic()
+            self._lock.notify_all()
+
+    def _context_for(self, key: str | None, stop: threading.Event, wait: bool = True) -> _Held:
+        return _Held(self, key, stop, wait)
+
+    def cached_tokens(self, key: str) -> int:
+        """Tokens of conversation ``key`` held evaluated now (0 if it has no context)."""
+        with self._lock:
+            return next((len(c.ids) for c in self._contexts if c.key == key), 0)
+
+    def _prefill(
+        self, c: _Context, ids: list[int], limit: int, stop: threading.Event, stats: CallStats
+    ) -> np.ndarray | None:
+        """Crop ``c`` to its longest common prefix with ``ids`` (at most ``limit``), feed the rest in
+        chunks; the last logits, or None once stopped (what was fed stays cached)."""
+        keep = min(common_prefix_len(c.ids, ids), limit)
+        c.crop(keep)
+        stats.reused_tokens = keep
+        self.reused_tokens += keep
+        logits: np.ndarray | None = None
+        for start in range(keep, len(ids), PREFILL_CHUNK):
+            if stop.is_set():
+                stats.stop_reason = "cancelled"
+                return None
+            chunk = ids[start : start + PREFILL_CHUNK]
+            logits = c.feed(chunk)
+            stats.prefilled_tokens += len(chunk)
+            self.prefilled_tokens += len(chunk)
+        stats.prefill_queued_s = time.perf_counter() - stats.started
+        return logits
+
+    def _check_length(self, prompt_tokens: int) -> None:
+        if prompt_tokens + self.config.max_new_tokens > self.n_ctx:
+            raise LLMError(
+                f"prompt of {prompt_tokens} tokens + max_new_tokens {self.config.max_new_tokens} exceeds the "
+                f"llama.cpp context of {self.n_ctx} positions (llm.context_size): shorten the history"
+            )
+
+    # ---- the worker threads ---------------------------------------------------------------
+
+    def _worker(self, messages: list[ChatMessage], key: str | None, chan: PieceChannel) -> None:
+        stats = CallStats()
+        self.last_call = stats
+        error: BaseException | None = None
+        try:
+            ids = self.encode_chat(messages)
+            stats.encoded_s = time.perf_counter() - stats.started
+            stats.prompt_tokens = len(ids)
+            self._check_length(len(ids))
+            with self._context_for(key, chan.stop) as c:
+                if c is None:
+                    stats.stop_reason = "cancelled"
+                else:
+                    # Reuse the longest common prefix; at least one token must be fed to get logits.
+                    logits = self._prefill(c, ids, len(ids) - 1, chan.stop, stats)
+                    if logits is not None:
+                        self._sample(c, logits, chan, stats)
+        except LLMError as e:
+            error = e
+        except Exception as e:
+            log.exception("llm generation failed")
+            error = LLMError(f"llama.cpp generation failed: {e!r}")
+        finally:
+            stats.elapsed_s = time.perf_counter() - stats.started
+            if error is not None:
+                stats.stop_reason = "error"
+        chan.finish(error)
+
+    def _sample(self, c: _Context, logits: np.ndarray, chan: PieceChannel, stats: CallStats) -> None:
+        cfg = self.config
+        sampler = Sampler(cfg.temperature, cfg.top_p, cfg.repetition_penalty, cfg.no_repeat_ngram_size)
+        detok = Detokenizer(self._decode)
+        reply: list[int] = []
+        stats.stop_reason = "max_new_tokens"
+        for step in range(cfg.max_new_tokens):
+            token = sampler.pick(logits, reply)
+            if stats.first_token_s is None:
+                stats.first_token_s = time.perf_counter() - stats.started
+            reply.append(token)
+            stats.reply_ids.append(token)
+            stats.generated_tokens += 1
+            self.generated_tokens += 1
+            if token in self.stop_ids:
+                stats.stop_reason = "eos"
+                break
+            piece = detok.push(token)
+            if piece:
+                if stats.ttft_s is None:
+                    stats.ttft_s = time.perf_counter() - stats.started
+                if not chan.put(piece):
+                    stats.stop_reason = "cancelled"
+                    break
+            if step == cfg.max_new_tokens - 1 or chan.stop.is_set():
+                if chan.stop.is_set():
+                    stats.stop_reason = "cancelled"
+                break
+            logits = c.feed([token])
+
+    def _prewarm(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> int:
+        if key is None:
+            return 0
+        ids = self.encode_chat(messages, generation_prompt=False)
+        if not ids:
+            return 0
+        self._check_length(len(ids))
+        stats = CallStats()
+        with self._context_for(key, stop, wait=False) as c:
+            if c is None:
+                return 0
+            if len(ids) - common_prefix_len(c.ids, ids) >= PREWARM_MIN_TOKENS:
+                self._prefill(c, ids, len(ids), stop, stats)
+        return stats.prefilled_tokens
+
+    def _end_of_turn(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> float:
+        """P(end-of-turn marker) right after the last message's text, with everything before it in the
+        conversation's context (which keeps it: the reply then prefills only the marker and its opening)."""
+        if not messages:
+            raise ValueError("no messages to score")
+        rendered = self._rendered(messages, generation_prompt=False)
+        head, tail = split_at_last_message(rendered, messages[-1]["content"])
+        ids = self.tokenize(head)
+        marker = self.tokenize(tail)
+        if not ids or not marker:
+            raise LLMError("the chat template leaves no end-of-turn marker after the message")
+        self._check_length(len(ids))
+        stats = CallStats()
+        with self._context_for(key, stop) as c:
+            if c is None:
+                raise TimeoutError("no llama.cpp context free to score the end of turn")
+            logits = self._prefill(c, ids, len(ids) - 1, stop, stats)
+            if logits is None:
+                return 0.0
+        x = logits - logits.max()
+        p = np.exp(x)
+        return float(p[marker[0]] / p.sum())
+
+
+class _Held:
+    """``with llm._context_for(key, stop) as c``: the conversation's context for the block (None if none
+    could be had), put back after it (emptied if the block raised: a half-fed cache is no use)."""
+
+    def __init__(self, llm: LlamaCppLLM, key: str | None, stop: threading.Event, wait: bool = True) -> None:
+        self._llm, self._key, self._stop, self._wait = llm, key, stop, wait
+        self._c: _Context | None = None
+
+    def __enter__(self) -> _Context | None:
+        stop = self._stop if self._wait else _SET
+        self._c = self._llm._take(self._key, stop)
+        return self._c
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self._c is not None:
+            self._llm._put_back(self._c, valid=kind is None)
+
+
+_SET = threading.Event()  # a stop already set: take a context only if it is free now
+_SET.set()

@@ -1,0 +1,173 @@
+"""What every in-process backend shares: a worker thread generating, the event loop reading.
+
+Generation runs in a worker thread and hands text pieces to the event loop through a bounded
+:class:`PieceChannel` (a credit semaphore: the worker blocks when the consumer falls behind). Closing the
+stream, cancelling its consumer, or dropping it sets a stop flag the worker checks before every forward
+pass, so it stops within one decode step (or one prefill chunk). :class:`CallStats` is what one call did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+WORKER_JOIN_S = 5.0  # aclose waits this long at most (a stop lands within one forward pass)
+CHANNEL_PIECES = 32  # text pieces the worker may run ahead of the consumer
+# A shorter missing tail is left to the next call: a separate forward pass costs a whole step where a few
+# more tokens in the next prefill cost a few ms each.
+PREWARM_MIN_TOKENS = 16
+# End-of-turn markers of the common chat templates (ChatML, Llama 3, Phi, Gemma, GPT-2 style).
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+@dataclass
+class CallStats:
+    """What one ``stream`` call did (filled in by the worker as it goes)."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float | None = None  # worker start to the first text piece handed over
+    # Where the time to the first piece went (seconds from the worker's start): the prompt tokenized, the
+    # prefill's work queued (on CUDA it runs asynchronously), the first token sampled (a host sync).
+    encoded_s: float | None = None
+    prefill_queued_s: float | None = None
+    first_token_s: float | None = None
+    elapsed_s: float = 0.0
+    stop_reason: str = ""  # "eos" | "max_new_tokens" | "cancelled" | "error"
+    reply_ids: list[int] = field(default_factory=list, repr=False)
+    started: float = field(default_factory=time.perf_counter, repr=False)
+
+
+@dataclass(frozen=True)
+class _End:
+    error: BaseException | None = None
+
+
+class PieceChannel:
+    """Worker thread → event loop hand-off, bounded by credits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pieces: int = CHANNEL_PIECES) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
+        self.credits = threading.Semaphore(pieces)
+        self.stop = threading.Event()
+
+    def put(self, piece: str) -> bool:
+        """Hand one piece over, blocking while the consumer is behind; False once stopped."""
+        while not self.stop.is_set():
+            if self.credits.acquire(timeout=0.05):
+                return self._post(piece)
+        return False
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self._post(_End(error))
+
+    def _post(self, item: str | _End) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.stop.set()
+            return False
+
+
+Work = Callable[[PieceChannel], None]
+
+
+class WorkerStream:
+    """The async iterator an in-process backend's ``stream`` returns: ``work(channel)`` runs on the first
+    ``__anext__``, in ``pool`` (long-lived warmed threads) or else in a thread of its own, and must end by
+    calling ``channel.finish``."""
+
+    def __init__(self, work: Work, pool: Executor | None = None, name: str = "llm-decode") -> None:
+        self._work = work
+        self._pool = pool
+        self._name = name
+        self._chan: PieceChannel | None = None
+        self.thread: threading.Thread | None = None
+        self._done = False
+        self._ended = False  # the worker's end marker was received
+
+    def __aiter__(self) -> WorkerStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        if self._chan is None:
+            self._chan = PieceChannel(asyncio.get_running_loop())
+            if self._pool is not None:
+                self._pool.submit(self._work, self._chan)
+            else:
+                self.thread = threading.Thread(
+                    target=self._work, args=(self._chan,), name=self._name, daemon=True
+                )
+                self.thread.start()
+        try:
+            item = await self._chan.queue.get()
+        except asyncio.CancelledError:
+            self._chan.stop.set()
+            self._done = True
+            raise
+        if isinstance(item, _End):
+            self._done = self._ended = True
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        self._chan.credits.release()
+        return item
+
+    async def aclose(self) -> None:
+        """Stop generation and wait (up to ``WORKER_JOIN_S``) until the worker has let go of the model
+        and put its KV cache back: the next turn on this conversation can reuse it at once."""
+        self._done = True
+        if self._chan is None or self._ended:
+            return
+        self._chan.stop.set()
+        with suppress(TimeoutError):
+            async with asyncio.timeout(WORKER_JOIN_S):
+                while not isinstance(await self._chan.queue.get(), _End):
+                    pass
+                self._ended = True
+
+    def __del__(self) -> None:
+        if self._chan is not None:
+            self._chan.stop.set()
+
+
+class Detokenizer:
+    """Decode the running reply and hand out only the new suffix (keeps multi-byte and spaces intact)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self._decode(self.ids).lstrip()
+        if text.endswith("\ufffd") or len(text) <= len(self.emitted):
+            return ""  # an incomplete UTF-8 sequence, or nothing new yet
+        piece = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return piece
+
+
+async def run_stoppable(pool: Executor | None, job: Callable[[threading.Event], Any]) -> Any:
+    """Run ``job(stop)`` in ``pool`` (None: the loop's default executor); cancelling the caller sets
+    ``stop`` (the job stops at its next check and cleans up) without waiting for it."""
+    stop = threading.Event()
+    future = asyncio.get_running_loop().run_in_executor(pool, job, stop)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        stop.set()
+        raise

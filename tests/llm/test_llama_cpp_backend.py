@@ -1,0 +1,140 @@
+"""The llama.cpp backend on the bundled SmolLM2 GGUF itself (no dequantizing): streaming, stopping within a
+token, prefix reuse across turns, separate contexts per conversation, the end-of-turn score, bad files."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.llm.base import LLMError, TurnEndScorer
+from engine.llm.config import LLMConfig
+from engine.llm.factory import load_llm, resolve_backend
+from engine.llm.llama_cpp_backend import LlamaCppLLM
+from engine.llm.sampling import Sampler, banned_by_ngrams
+from engine.llm.streaming import CHANNEL_PIECES
+from tests.llm.conftest import chat, collect, first_pieces
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def llama() -> LlamaCppLLM:
+    return LlamaCppLLM(LLMConfig(backend="llama.cpp", temperature=0.0, max_new_tokens=24, contexts=3))  # type: ignore[call-arg]
+
+
+def test_auto_picks_llama_cpp_for_the_bundled_gguf_on_the_cpu() -> None:
+    assert resolve_backend(LLMConfig(device="cpu")) == "llama.cpp"  # type: ignore[call-arg]
+    assert resolve_backend(LLMConfig(device="cpu", model="random:qwen2.5-tiny")) == "transformers"  # type: ignore[call-arg]
+    assert resolve_backend(LLMConfig(backend="transformers")) == "transformers"  # type: ignore[call-arg]
+
+
+async def test_streams_a_reply(llama: LlamaCppLLM) -> None:
+    pieces = await collect(llama.stream(chat("What is the capital of France?"), cache_key="capital"))
+    text = "".join(pieces)
+    assert len(pieces) > 1 and "Paris" in text, text
+    assert llama.last_call.stop_reason in ("eos", "max_new_tokens")
+    assert llama.last_call.generated_tokens >= len(pieces)
+
+
+async def test_closing_the_stream_stops_within_a_token(llama: LlamaCppLLM) -> None:
+    long = llama.with_options(max_new_tokens=400, repetition_penalty=1.0, no_repeat_ngram_size=0)
+    counting = chat("Count from 1 to 300, separated by commas.", system="You are a helpful assistant.")
+    stream = long.stream(counting, cache_key="count")
+    await first_pieces(stream, 3)
+    await asyncio.sleep(0.3)  # the worker runs ahead of us, up to its channel's credits, and waits
+    start = time.perf_counter()
+    await stream.aclose()
+    assert time.perf_counter() - start < 2.0
+    call = long.last_call
+    produced = call.generated_tokens
+    assert call.stop_reason == "cancelled"
+    await asyncio.sleep(0.3)
+    assert call.generated_tokens == produced, "the worker went on after the close"
+    assert produced <= 3 + CHANNEL_PIECES + 2
+
+
+async def test_the_second_turn_prefills_only_its_tail(llama: LlamaCppLLM) -> None:
+    first = chat("Hi! I'm Mika and I love cats.")
+    reply = "".join(await collect(llama.stream(first, cache_key="mika")))
+    one = llama.last_call
+    assert one.prompt_tokens > 30
+    second = chat("Hi! I'm Mika and I love cats.", reply, "What do I love?")
+    await collect(llama.stream(second, cache_key="mika"))
+    two = llama.last_call
+    assert two.reused_tokens >= one.prompt_tokens, (one, two)
+    assert two.prefilled_tokens == two.prompt_tokens - two.reused_tokens
+    assert two.prefilled_tokens < 25, two  # the new user message and the template's markers
+
+
+async def test_conversations_keep_their_own_contexts(llama: LlamaCppLLM) -> None:
+    a = chat("Let's talk about volcanoes and the fire under them.")
+    b = chat("Can you teach me three words of Japanese today?")
+    await collect(llama.stream(a, cache_key="A"))
+    a_len = llama.last_call.prompt_tokens
+    await collect(llama.stream(b, cache_key="B"))
+    await collect(llama.stream(a, cache_key="A"))
+    again = llama.last_call
+    assert again.reused_tokens == a_len - 1, again  # all of A's prompt was still evaluated
+    assert llama.cached_tokens("B") > 0
+
+
+async def test_prewarm_then_the_reply_prefills_only_the_new_message(llama: LlamaCppLLM) -> None:
+    history = chat("My favourite food is ramen with lots of garlic.", "Ramen is the best!")
+    n = await llama.prewarm(history, cache_key="warm")
+    assert n >= 16
+    await collect(llama.stream([*history, {"role": "user", "content": "What do I like?"}], cache_key="warm"))
+    assert llama.last_call.reused_tokens >= n
+    assert llama.last_call.prefilled_tokens < 15
+
+
+async def test_end_of_turn_probability_separates_finished_from_trailing_words(llama: LlamaCppLLM) -> None:
+    assert isinstance(llama, TurnEndScorer)
+    finished = ["What is your favorite color?", "Can you tell me a fun fact?"]
+    trailing = ["So the thing about my brother is", "I was thinking that maybe we could"]
+    p_done = [await llama.end_of_turn_probability(chat(t), cache_key="eot") for t in finished]
+    p_open = [await llama.end_of_turn_probability(chat(t), cache_key="eot") for t in trailing]
+    assert min(p_done) > 0.05 > max(p_open), (p_done, p_open)
+
+
+async def test_the_reply_goes_on_from_the_scored_words(llama: LlamaCppLLM) -> None:
+    messages = chat("Do you like music?")
+    await llama.end_of_turn_probability(messages, cache_key="scored")
+    held = llama.cached_tokens("scored")
+    await collect(llama.stream(messages, cache_key="scored"))
+    call = llama.last_call
+    assert call.reused_tokens == held, (held, call)
+    assert call.prefilled_tokens <= 6  # the end-of-turn marker and the assistant's opening
+
+
+def test_a_missing_gguf_is_refused_naming_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nothing.gguf"
+    with pytest.raises(LLMError, match="nothing"):
+        load_llm(LLMConfig(backend="llama.cpp", model=str(missing)))  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    "content", [b"not a model at all" * 64, b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 20]
+)
+def test_a_corrupt_gguf_is_refused_naming_the_file(tmp_path: Path, content: bytes) -> None:
+    bad = tmp_path / "broken-model.gguf"
+    bad.write_bytes(content)
+    with pytest.raises(LLMError, match="broken-model.gguf"):
+        LlamaCppLLM(LLMConfig(backend="llama.cpp", model=str(bad)))  # type: ignore[call-arg]
+
+
+def test_sampler_controls() -> None:
+    assert banned_by_ngrams([1, 2, 3, 1, 2], 3) == {3}
+    assert banned_by_ngrams([1, 2], 3) == set()
+    import numpy as np
+
+    logits = np.array([0.0, 5.0, 4.9, -1.0], dtype=np.float32)
+    greedy = Sampler(0.0, 1.0, 1.0, 0)
+    assert greedy.pick(logits, []) == 1
+    assert Sampler(0.0, 1.0, 2.0, 0).pick(logits, [1]) == 2  # the repeated token is penalised
+    assert Sampler(0.0, 1.0, 1.0, 2).pick(logits, [1, 1]) == 2  # (1, 1) would repeat
+    nucleus = Sampler(1.0, 0.5, 1.0, 0, seed=1)
+    assert {nucleus.pick(logits, []) for _ in range(50)} == {1}  # token 1 alone holds half the mass
+    assert logits[1] == 5.0  # the caller's row is not modified
