@@ -43,7 +43,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# System packages and services the tests use (root with apt: installed; else it says what is missing).
+.PHONY: sysdeps
+sysdeps:
+	@bash scripts/sysdeps.sh
+
+test: sysdeps lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -6,6 +6,7 @@ import functools
 import os
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -81,3 +82,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "docker: builds or runs the container images (opt-in: IDOLCAST_TEST_DOCKER=1)"
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Skipped tests are not passes: list them, with their reasons, at the very end."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for rep in skipped:
+        longrepr = rep.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    tr = terminalreporter
+    tr.section(f"NOT RUN: {len(skipped)} test(s) skipped (these parts were not tested)", sep="!", yellow=True)
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        tr.line(f"  {n:3d} × {reason}", yellow=True)
