@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.asr.config import ASRConfig
 from engine.avatar.config import AvatarConfig
 from engine.llm.config import LLMConfig
+from engine.server.capacity import CapacityConfig
 from engine.surfaces.config import SurfacesConfig
 from engine.tts.config import TTSConfig
 from engine.vad.config import VADConfig
@@ -130,6 +131,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     server: ServerConfig = Field(default_factory=ServerConfig)
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
     vad: VADConfig = Field(default_factory=VADConfig)
     asr: ASRConfig = Field(default_factory=ASRConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)

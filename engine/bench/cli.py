@@ -1,4 +1,4 @@
-"""``idolcast bench``: voice-to-voice latency, barge-in, WER (and --render, --memory)."""
+"""``idolcast bench``: voice-to-voice latency, barge-in, WER (and --sessions N, --find-capacity, --render, --memory)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,29 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure Chromium's receive jitter buffer on the idol's audio (needs /usr/bin/chromium)",
     )
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        help="N clients at once, each its own host with its own questions (engine/bench/sessions.py)",
+    )
+    p.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="raise the sessions from 1 until the service level breaks; report the largest N that held",
+    )
+    p.add_argument("--max-probe", type=int, default=8, help="--find-capacity: the most sessions tried")
+    p.add_argument(
+        "--stagger-s", type=float, default=1.0, help="--sessions: seconds between clients' first questions"
+    )
+    p.add_argument(
+        "--sl-p95-factor",
+        type=float,
+        default=1.5,
+        help="--find-capacity: voice-to-voice P95 bound, × the single-session P95",
+    )
+    p.add_argument("--sl-min-fps", type=int, default=27, help="--find-capacity: fps in every 1 s window")
+    p.add_argument("--sl-max-unanswered", type=int, default=0, help="--find-capacity: unanswered turns")
     p.add_argument("--render", action="store_true", help="frame-generation ms per frame per backend")
     p.add_argument("--memory", action="store_true", help="persona memory bank recall and search latency")
     p.add_argument("--backends", help="--render: comma-separated backends (default: all available)")
@@ -66,6 +89,10 @@ def run_bench(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(report, indent=2) if args.json else report)
         return 0
     questions, barge = build_questions(args, settings)
+    if args.sessions > 1 or args.find_capacity:
+        report = asyncio.run(_many(args, settings, questions))
+        print(json.dumps(report, indent=2, default=str) if args.json else many_table(report))
+        return 0
     report = asyncio.run(_voice(args, settings, questions, barge))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -204,6 +231,68 @@ async def _voice(
         )
 
 
+async def _many(args: argparse.Namespace, settings: Settings, questions: list[Any]) -> dict[str, Any]:
+    from engine.bench.sessions import ServiceLevel, find_capacity, run_sessions
+
+    top = args.max_probe if args.find_capacity else args.sessions
+    kwargs: dict[str, Any] = {
+        "character": settings.avatar.character,
+        "client_jitter_frames": args.client_jitter_frames,
+        "stagger_s": args.stagger_s,
+    }
+
+    async def measure(url: str) -> dict[str, Any]:
+        if not args.find_capacity:
+            return await run_sessions(url, questions, args.sessions, **kwargs)
+        level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)
+        return await find_capacity(
+            url, questions, level, max_sessions=top, with_video=settings.avatar.enabled, **kwargs
+        )
+
+    if args.url:
+        wait_ready(args.url)
+        return await measure(args.url)
+    # The bench's own engine: room for every probed session, and its admission off, so what is measured
+    # is what the machine holds (its own estimate is read from /api/capacity and reported beside it).
+    os.environ.setdefault("IDOLCAST_SERVER__MAX_SESSIONS", str(max(top, 8)))
+    os.environ.setdefault("IDOLCAST_CAPACITY__ADMISSION", "false")
+    with engine_process(args) as url:
+        kwargs["same_host"] = True
+        return await measure(url)
+
+
+def many_table(report: dict[str, Any]) -> str:
+    lines = [
+        f"{'session':>7}  {'v2v p50':>7} {'p95':>6}  {'unans':>5}  {'fps':>5} {'min1s':>5}  lipsync mean"
+    ]
+    for s in report["per_session"]:
+        v, ls = s["voice_to_voice_ms"], s["lipsync_offset_ms"] or {}
+        lines.append(
+            f"{s['index']:>7}  {v['p50']!s:>7} {v['p95']!s:>6}  {s['unanswered']:>5}  {s['fps_mean']!s:>5} "
+            f"{s['fps_min_1s']!s:>5}  {ls.get('mean')}" + (f"  ERROR {s['error']}" if s["error"] else "")
+        )
+    p = report["pooled"]
+    v = p["voice_to_voice_ms"]
+    lines.append(
+        f"pooled ({report['sessions']} sessions): v2v p50 {v['p50']} p95 {v['p95']} n {v['n']}, "
+        f"unanswered {p['unanswered']}, fps mean {p['fps_mean']} min(1s) {p['fps_min_1s']}, "
+        f"lipsync mean {p['lipsync_offset_ms']['mean']} |p95| {p['lipsync_abs_p95_ms']}"
+    )
+    cap = report.get("capacity")
+    if cap:
+        for step in cap["steps"]:
+            sv = step["pooled"]["voice_to_voice_ms"]
+            est = (step.get("engine_capacity") or {}).get("capacity")
+            lines.append(
+                f"  N={step['sessions']}: {'held' if step['held'] else 'broke'} p95 {sv['p95']} "
+                f"(engine's estimate {est}) {'; '.join(step['broken'])}"
+            )
+        lines.append(
+            f"capacity: {cap['largest_n_held']} session(s) held the service level {cap['service_level']}"
+        )
+    return "\n".join(lines)
+
+
 async def _browser_jitter(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench.browser_receiver import measure_browser_jitter
 
@@ -228,7 +317,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             f"{i:>4}  {v if v is not None else '-':>7}  {f('asr_final')} {f('llm_first_token')} "
             f"{f('first_chunk_text')} {f('tts_first_audio')} {f('first_audio_sent')}  {t['transcript']!r}"
+            + (f"  UNANSWERED: {t['unanswered']}" if t.get("unanswered") else "")
         )
+    print(f"unanswered: {report.get('unanswered', 0)}")
     for key in ("voice_to_voice_ms", "barge_in_stop_ms"):
         s = report[key]
         print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")

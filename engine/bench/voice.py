@@ -299,11 +299,11 @@ async def run_voice_bench(
     clock = MediaClock()
     conn = EngineConnection(url, clock, character, jitter_frames=client_jitter_frames)
     conn.same_host = same_host
-    await conn.open()
     turns: list[TurnResult] = []
     stops: list[float] = []
     barge_skipped = 0
     try:
+        await conn.open()  # inside: a refused offer still closes the peer and the HTTP client
         await asyncio.sleep(0.5 + start_delay_s)
         for q in questions:
             r = await ask(conn, q)

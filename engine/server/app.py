@@ -67,7 +67,9 @@ async def offer(request: web.Request) -> web.Response:
     except EngineNotReady as e:
         raise APIError(503, str(e)) from None
     except EngineBusy as e:
-        raise APIError(503, str(e)) from None
+        raise APIError(
+            503, str(e), {"Retry-After": str(e.retry_after_s)}, {"resource": e.resource}
+        ) from None
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
 
 
@@ -153,6 +155,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+async def capacity(request: web.Request) -> web.Response:
+    """Sessions, the estimated capacity and the resource that bounds it (engine/server/capacity.py)."""
+    return web.json_response(_engine(request).capacity.report())
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(_engine(request).registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -189,6 +196,7 @@ def create_app(
     app.router.add_get("/api/sessions/{sid}/events", events)
     app.router.add_delete("/api/sessions/{sid}", close)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/capacity", capacity)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
     register_auth_routes(app)
     register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))

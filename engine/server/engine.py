@@ -17,6 +17,7 @@ from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
+from engine.server.capacity import CapacityMonitor
 from engine.session.session import Session
 from engine.session.timings import TurnMetrics
 from engine.tasks import TaskOwner
@@ -57,7 +58,12 @@ def open_persona(settings: Settings, models: EngineModels) -> Any:
 
 
 class EngineBusy(Exception):
-    pass
+    """No room for another session: ``resource`` is full (``max_sessions``, ``cpu``, ``gpu_memory``)."""
+
+    def __init__(self, message: str, resource: str = "max_sessions", retry_after_s: int = 30) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.retry_after_s = retry_after_s
 
 
 class EngineNotReady(Exception):
@@ -74,6 +80,27 @@ class Engine:
         self.registry = CollectorRegistry()
         self.turn_metrics = TurnMetrics(self.registry)
         self._sessions_gauge = Gauge("idolcast_sessions", "Open sessions", registry=self.registry)
+        self.capacity = CapacityMonitor(
+            settings.capacity,
+            settings,
+            sessions=lambda: len(self.sessions),
+            talking=lambda: sum(1 for s in self.sessions.values() if s._speaking()),
+        )
+        Gauge("idolcast_sessions_active", "Open sessions", registry=self.registry).set_function(
+            lambda: len(self.sessions)
+        )
+        self._capacity_gauge = Gauge(
+            "idolcast_sessions_capacity",
+            "Sessions this engine estimates it can serve well (GET /api/capacity says what bounds it)",
+            registry=self.registry,
+        )
+        self._utilization_gauge = Gauge(
+            "idolcast_resource_utilization",
+            "Share of a resource in use (cpu: busy cores / cores; gpu_memory: used / total)",
+            ["resource"],
+            registry=self.registry,
+        )
+        self._capacity_gauge.set(settings.server.max_sessions)
         self._owner = TaskOwner("engine")
         self._ready = asyncio.Event()
         if models is not None:
@@ -98,6 +125,7 @@ class Engine:
         log.info("[%s] %s", stage, message)
 
     def start_loading(self) -> None:
+        self._owner.spawn(self._watch_capacity(), "capacity")
         if self.models is None:
             self._owner.spawn(self._load(), "load-models")
 
@@ -122,6 +150,19 @@ class Engine:
         self.status.state, self.status.message, self.status.fraction = "ready", "ready", 1.0
         self._ready.set()
 
+    async def _watch_capacity(self) -> None:
+        """Sample the costs (in a worker thread: it reads /proc), keep the gauges current."""
+        while True:
+            try:
+                await asyncio.to_thread(self.capacity.sample)
+                report = self.capacity.report()
+                self._capacity_gauge.set(report["capacity"])
+                for name, r in report["resources"].items():
+                    self._utilization_gauge.labels(resource=name).set(r["utilization"])
+            except Exception:
+                log.exception("capacity sample failed")
+            await asyncio.sleep(self.settings.capacity.sample_s)
+
     # ---- sessions ------------------------------------------------------------------------------
 
     @property
@@ -136,8 +177,10 @@ class Engine:
             raise EngineNotReady(f"the engine failed to load: {self.status.error}")
         if self.models is None:
             raise EngineNotReady(f"the engine is still loading ({self.status.message or 'starting'})")
-        if len(self.sessions) >= self.settings.server.max_sessions:
-            raise EngineBusy(f"too many sessions (max {self.settings.server.max_sessions})")
+        refusal = self.capacity.refusal(len(self.sessions))
+        if refusal is not None:
+            log.warning("session refused: %s", refusal.message)
+            raise EngineBusy(refusal.message, refusal.resource, refusal.retry_after_s)
         sid = uuid.uuid4().hex[:12]
         prompt = self.prompt_factory(sid) if self.prompt_factory else None
         session = Session(sid, self.settings, self.models, prompt=prompt, metrics=self.turn_metrics)

@@ -15,14 +15,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
+        self.extra = extra or {}  # more fields of the JSON body (e.g. the resource a 503 ran out of)
 
 
-def error_response(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message, "status": status}, status=status)
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None
+) -> web.Response:
+    body = {"error": message, "status": status} | (extra or {})
+    return web.json_response(body, status=status, headers=headers)
 
 
 @web.middleware
@@ -30,7 +41,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e.status, e.message)
+        return error_response(e.status, e.message, e.headers, e.extra)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app._client_max_size
         return error_response(413, f"request body too large (limit {limit} bytes)")

@@ -1,0 +1,253 @@
+"""``idolcast bench --sessions N`` and ``--find-capacity``: many hosts at once, each measured at its receiver.
+
+Every client is the single-session bench's own coroutine (:func:`engine.bench.voice.run_voice_bench`): its
+own aiortc peer, its own clock, its own questions (the question list rotated, so the hosts do not ask the
+same thing at the same moment), its first question ``stagger_s`` after the previous client's, so turns
+overlap as several real hosts' would. The report has each session's figures and the pooled ones.
+
+``--find-capacity`` runs one session for the reference P95, then raises N by one until the service level
+breaks, and reports the largest N that held (with every step's figures, and the engine's own estimate
+from ``/api/capacity`` taken at the peak of each step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+from engine.bench.stats import summarize
+from engine.bench.voice import Question, run_voice_bench
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceLevel:
+    """What every session must get for N sessions to count as held."""
+
+    p95_factor: float = 1.5  # voice-to-voice P95 (pooled) ≤ this × the single-session P95
+    v2v_p95_ms: float | None = None  # the bound itself (set from the single-session run)
+    min_fps: int = 27  # in every 1 s window, every session (only checked when video arrived)
+    max_unanswered: int = 0  # turns without an audible reply, all sessions together
+
+    def check(self, pooled: dict[str, Any], with_video: bool) -> list[str]:
+        """The broken conditions, in words (empty: held)."""
+        broken = []
+        p95 = pooled["voice_to_voice_ms"]["p95"]
+        if pooled["refused"]:
+            broken.append(f"the engine refused {pooled['refused']} session(s)")
+        if pooled["failed"]:
+            broken.append(f"{pooled['failed']} client(s) failed")
+        if pooled["unanswered"] > self.max_unanswered:
+            broken.append(f"{pooled['unanswered']} unanswered turn(s) (at most {self.max_unanswered})")
+        if self.v2v_p95_ms is not None and (p95 is None or p95 > self.v2v_p95_ms):
+            broken.append(f"voice-to-voice P95 {p95} ms > {self.v2v_p95_ms:.0f} ms")
+        if with_video:
+            low = pooled["fps_min_1s"]
+            if low is None or low < self.min_fps:
+                broken.append(f"lowest 1 s window {low} fps < {self.min_fps}")
+        return broken
+
+
+def rotated(questions: Sequence[Question], k: int) -> list[Question]:
+    """Client ``k``'s questions: the same set, starting ``k`` further on."""
+    if not questions:
+        return []
+    k %= len(questions)
+    return list(questions[k:]) + list(questions[:k])
+
+
+def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseException) -> dict[str, Any]:
+    if isinstance(result, BaseException):
+        refused = "offer refused: 503" in str(result)
+        return {
+            "index": i,
+            "session_id": None,
+            "error": f"{type(result).__name__}: {result}",
+            "refused": refused,
+            "voice_to_voice_ms": summarize([]),
+            "unanswered": n_questions,
+            "fps_mean": None,
+            "fps_min_1s": None,
+            "lipsync_offset_ms": {"mean": None, "p95": None, "n": 0},
+        }
+    turns = result.get("turns", [])
+    answered = sum(1 for t in turns if t.get("voice_to_voice_ms") is not None)
+    # the single-session bench's own count when it keeps one, else the turns without an audible reply
+    unanswered = result.get("unanswered")
+    if not isinstance(unanswered, int):
+        unanswered = n_questions - answered
+    return {
+        "index": i,
+        "session_id": result.get("session_id"),
+        "error": None,
+        "refused": False,
+        "voice_to_voice_ms": result["voice_to_voice_ms"],
+        "unanswered": unanswered,
+        "fps_mean": result.get("fps_mean"),
+        "fps_min_1s": result.get("fps_min_1s"),
+        "lipsync_offset_ms": result.get("lipsync_offset_ms"),
+        "wer": result.get("wer"),
+        "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],
+        "lipsync_replies_ms": [r["offset_ms"] for r in result.get("lipsync_per_reply", [])],
+    }
+
+
+def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
+    """All sessions' turns together; fps as the mean of the means and the lowest window anywhere."""
+    v2v = [v for s in per_session for v in s.get("v2v_ms", []) if v is not None]
+    fps = [s["fps_mean"] for s in per_session if s["fps_mean"] is not None]
+    lows = [s["fps_min_1s"] for s in per_session if s["error"] is None]
+    lips = [v for s in per_session for v in s.get("lipsync_replies_ms", [])]
+    return {
+        "voice_to_voice_ms": summarize(v2v),
+        "unanswered": sum(s["unanswered"] for s in per_session),
+        "refused": sum(1 for s in per_session if s["refused"]),
+        "refusals": [s["error"] for s in per_session if s["refused"]],
+        "failed": sum(1 for s in per_session if s["error"] is not None and not s["refused"]),
+        "fps_mean": round(sum(fps) / len(fps), 2) if fps else None,
+        "fps_min_1s": _lowest(lows),
+        "lipsync_offset_ms": summarize(lips) if lips else summarize([]),
+        "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
+    }
+
+
+def _lowest(lows: list[int | None]) -> int | None:
+    """The lowest window of any session; None when no session got video, 0 for one that got none."""
+    if all(x is None for x in lows):
+        return None
+    return min(x if x is not None else 0 for x in lows)
+
+
+def host_token() -> str:
+    """The credential the bench's clients present (an engine without credentials needs none)."""
+    try:
+        from engine.server.credentials import read_host_token
+    except ImportError:
+        return os.environ.get("IDOLCAST_TOKEN", "")
+    return read_host_token() or ""
+
+
+async def engine_capacity(url: str, token: str | None = None) -> dict[str, Any] | None:
+    """The engine's own view (``GET /api/capacity``), or None when it has none (or refuses us)."""
+    token = host_token() if token is None else token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.get(f"{url.rstrip('/')}/api/capacity", timeout=aiohttp.ClientTimeout(total=5)) as r,
+        ):
+            return dict(await r.json()) if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def run_sessions(
+    url: str,
+    questions: Sequence[Question],
+    n: int,
+    *,
+    character: str = "builtin:default",
+    client_jitter_frames: int = 2,
+    same_host: bool = False,
+    stagger_s: float = 1.0,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """N clients at once against the engine at ``url``; the report of ``--sessions N``.
+
+    The clients present the host credential as the single-session bench does ($IDOLCAST_TOKEN, else the
+    local engine's); ``token`` is only for the engine's ``/api/capacity``, read beside them.
+    """
+    clients = [
+        run_voice_bench(
+            url,
+            rotated(questions, i),
+            None,  # barge-in is the single-session bench's measure
+            0,
+            character,
+            client_jitter_frames,
+            same_host=same_host,
+            start_delay_s=i * stagger_s,
+        )
+        for i in range(n)
+    ]
+    peak: dict[str, Any] = {}
+
+    async def sample_peak() -> None:  # the engine's own estimate while all N are connected
+        await asyncio.sleep(1.5 + n * stagger_s)
+        peak["engine"] = await engine_capacity(url, token)
+
+    sampler = asyncio.ensure_future(sample_peak())
+    try:
+        results = await asyncio.gather(*clients, return_exceptions=True)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    per_session = [_session_entry(i, len(questions), r) for i, r in enumerate(results)]
+    for s in per_session:
+        if s["error"]:
+            log.warning("session %d: %s", s["index"], s["error"])
+    return {
+        "sessions": n,
+        "per_session": per_session,
+        "pooled": pool(per_session),
+        "engine_capacity": peak.get("engine"),
+    }
+
+
+async def find_capacity(
+    url: str,
+    questions: Sequence[Question],
+    level: ServiceLevel,
+    *,
+    max_sessions: int = 8,
+    with_video: bool = True,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Raise N from 1 until ``level`` breaks; the report carries the largest N that held."""
+    steps: list[dict[str, Any]] = []
+    held: dict[str, Any] | None = None
+    broke: list[str] = []
+    for n in range(1, max_sessions + 1):
+        report = await run_sessions(url, questions, n, **kwargs)
+        pooled = report["pooled"]
+        if n == 1 and level.v2v_p95_ms is None and pooled["voice_to_voice_ms"]["p95"] is not None:
+            level.v2v_p95_ms = round(level.p95_factor * pooled["voice_to_voice_ms"]["p95"], 1)
+        broken = level.check(pooled, with_video)
+        steps.append(
+            {
+                "sessions": n,
+                "held": not broken,
+                "broken": broken,
+                "pooled": pooled,
+                "per_session": report["per_session"],
+                "engine_capacity": report["engine_capacity"],
+            }
+        )
+        log.info("capacity: %d session(s) %s", n, "held" if not broken else f"broke: {'; '.join(broken)}")
+        if broken:
+            broke = broken
+            break
+        held = report
+    largest = held["sessions"] if held is not None else 0
+    base = held or report
+    return {
+        "sessions": base["sessions"],
+        "per_session": base["per_session"],
+        "pooled": base["pooled"],
+        "capacity": {
+            "largest_n_held": largest,
+            "probed_up_to": steps[-1]["sessions"],
+            "broken_at_next": broke,  # empty: it held up to --max-probe
+            "service_level": asdict(level) | {"video_checked": with_video},
+            "steps": steps,
+        },
+    }

@@ -1,0 +1,361 @@
+"""How many sessions this engine can serve well, measured in the running engine; the admission rule.
+
+What a session costs is read from the process itself, every ``sample_s``: the CPU time of each of its
+threads (``/proc/self/task/*/stat``), grouped by the stage the thread works for (its name: ``render``,
+``asr``, ``piper``, ``llm-decode``, ``vad-…``, the loop's default executor where aiortc encodes and
+decodes, the event loop itself; threads started natively by a model runtime — onnxruntime's, torch's or
+CTranslate2's intra-op pools — count as ``native``). With no session open the samples give the engine's
+idle baseline; with sessions open and at least one of them talking, (busy − baseline) / sessions is one
+session's cost, in cores. Until enough such samples exist the cost is a prior built from the
+configuration (the stage costs measured on the 2-core machine and the H200, docs/PERFORMANCE.md), and
+the measured cost takes over in proportion to the samples it rests on.
+
+Capacity = ⌊(cores × target_utilization − baseline) / cost of one session⌋, at most
+``server.max_sessions``. Where the process has initialized CUDA, GPU memory is a second resource the
+same way (measured growth per session). A session past the capacity is refused (HTTP 503, Retry-After,
+the resource named) rather than admitted into a stream that would degrade everyone's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger(__name__)
+
+
+class CapacityConfig(BaseModel):
+    admission: bool = Field(
+        True,
+        description="refuse a session the machine cannot serve well (HTTP 503 with Retry-After); "
+        "false: only server.max_sessions caps the sessions",
+    )
+    target_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="share of each resource the admitted sessions may use"
+    )
+    cores: float | None = Field(
+        None, gt=0.0, description="CPU cores the engine may use (default: those this process may run on)"
+    )
+    session_cpu_cores: float | None = Field(
+        None,
+        gt=0.0,
+        description="pin one session's CPU cost, in cores (default: measured in the running engine)",
+    )
+    min_samples: int = Field(
+        20, ge=1, description="loaded samples after which the measured cost replaces the prior entirely"
+    )
+    history_s: float = Field(120.0, ge=5.0, description="seconds of samples the measured cost is taken over")
+    sample_s: float = Field(1.0, gt=0.0, le=10.0, description="seconds between CPU samples")
+    floor_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="the measured cost is never taken below this share of the prior (quiet sessions "
+        "measured during a lull must not let in more than the machine holds once they all talk)",
+    )
+    retry_after_s: int = Field(30, ge=1, le=3600, description="Retry-After of a refused session, seconds")
+
+
+# Prior costs: ms of one core per second of media while a session talks (voice) or streams (video),
+# from docs/PERFORMANCE.md and FIELD-NOTES.md (2-core machine: VP8 720p 13 ms/frame, RGB→yuv420p 5 ms,
+# CPU render 13.9 ms at 720p; the bundled LLM on 2 cores keeps about one core busy while it generates).
+PRIOR_VIDEO_MS_PER_FRAME_720P = {"render": 13.9, "convert": 5.0, "encode": 13.0}
+PRIOR_VOICE_MS_PER_S = {"llm": 450.0, "asr": 80.0, "tts": 90.0, "vad": 10.0, "loop": 30.0}
+PRIOR_GPU_GIB_PER_SESSION = 0.25
+PIXELS_720P = 1280 * 720
+
+
+def prior_costs(settings: Any) -> dict[str, float]:
+    """One session's CPU cost per stage, in cores, from the configuration alone."""
+    costs = {k: v / 1000.0 for k, v in PRIOR_VOICE_MS_PER_S.items()}
+    if getattr(settings.llm, "backend", "") == "openai" or str(
+        getattr(settings.llm, "device", "")
+    ).startswith("cuda"):
+        costs["llm"] = 0.05  # decoding happens elsewhere (a server, the GPU); the CPU only feeds it
+    if str(getattr(settings.asr, "device", "")).startswith("cuda"):
+        costs["asr"] = 0.01
+    if settings.avatar.enabled:
+        from engine.avatar.profiles import profile_size, resolve_profile
+
+        w, h = profile_size(resolve_profile(str(settings.avatar.profile)))
+        scale = (w * h) / PIXELS_720P
+        per_frame = dict(PRIOR_VIDEO_MS_PER_FRAME_720P)
+        if "cuda" in str(settings.avatar.backend):
+            per_frame["render"] = 0.0  # on the GPU (0.23 ms a frame batched, not CPU time)
+        for stage, ms in per_frame.items():
+            costs[stage] = ms * scale * 30 / 1000.0
+    return costs
+
+
+# ---- reading the process's CPU time per thread ---------------------------------------------------------
+
+_STAGE_OF_PREFIX = (
+    ("render", "render"),
+    ("vad-", "vad"),
+    ("asr", "asr"),
+    ("piper", "tts"),
+    ("llm", "llm"),
+    ("asyncio_", "encode"),  # the loop's default executor: aiortc's encoders and decoders
+    ("ThreadPoolExecutor", "encode"),
+    ("MainThread", "loop"),
+)
+
+
+def stage_of_thread(name: str | None) -> str:
+    if name is None:
+        return "native"
+    for prefix, stage in _STAGE_OF_PREFIX:
+        if name.startswith(prefix):
+            return stage
+    return "other"
+
+
+class ProcCPU:
+    """CPU seconds used so far by this process, per stage (Linux ``/proc``; process total elsewhere)."""
+
+    def __init__(self) -> None:
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._proc = os.path.isdir("/proc/self/task")
+
+    def read(self) -> dict[str, float]:
+        if not self._proc:
+            t = os.times()
+            return {"other": t.user + t.system}
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        out: dict[str, float] = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            secs = (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime
+            stage = stage_of_thread(names.get(int(tid)))
+            out[stage] = out.get(stage, 0.0) + secs
+        # threads that ended took their time with them: the process total keeps it
+        t = os.times()
+        out["ended"] = max(0.0, t.user + t.system - sum(out.values()))
+        return out
+
+
+def machine_cores() -> float:
+    try:
+        return float(len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return float(os.cpu_count() or 1)
+
+
+def _gpu_memory() -> tuple[float, float] | None:
+    """(used, total) GiB of the current CUDA device, only if this process already initialized CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30, total / 2**30
+
+
+# ---- the estimate ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResourceView:
+    name: str
+    unit: str
+    available: float  # what the sessions may use (× target_utilization)
+    total: float
+    in_use: float
+    baseline: float
+    per_session: float
+    per_session_measured: float | None
+    samples: int
+    capacity: int
+    stages: dict[str, float] = field(default_factory=dict)  # cost of one session per stage (cpu)
+
+    @property
+    def utilization(self) -> float:
+        return self.in_use / self.total if self.total > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "total": round(self.total, 3),
+            "available": round(self.available, 3),
+            "in_use": round(self.in_use, 3),
+            "utilization": round(self.utilization, 3),
+            "baseline": round(self.baseline, 3),
+            "per_session": round(self.per_session, 3),
+            "per_session_measured": None
+            if self.per_session_measured is None
+            else round(self.per_session_measured, 3),
+            "samples": self.samples,
+            "capacity": self.capacity,
+            "per_session_stages": {k: round(v, 3) for k, v in sorted(self.stages.items())},
+        }
+
+
+@dataclass
+class Refusal:
+    resource: str
+    message: str
+    retry_after_s: int
+
+
+def _p90(values: list[float]) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(math.ceil(0.9 * len(s))) - 1)]
+
+
+class CapacityMonitor:
+    """Samples the engine's costs and answers "one more session?"; one per engine."""
+
+    def __init__(
+        self,
+        config: CapacityConfig,
+        settings: Any,
+        sessions: Callable[[], int],
+        talking: Callable[[], int],
+        cpu: ProcCPU | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.max_sessions = int(settings.server.max_sessions)
+        self.cores = config.cores or machine_cores()
+        self.prior = prior_costs(settings)
+        self._sessions = sessions
+        self._talking = talking
+        self._cpu = cpu or ProcCPU()
+        self._clock = clock
+        self._last: tuple[float, dict[str, float]] | None = None
+        self._rate: dict[str, float] = {}  # cores per stage, last sample
+        self._baseline: float | None = None
+        self._baseline_gpu: float | None = None
+        self._loaded: deque[tuple[float, float, dict[str, float]]] = deque()  # (t, cores/session, stages)
+        self._gpu_per_session: deque[tuple[float, float]] = deque()
+        self._lock = threading.Lock()
+
+    # -- sampling (in a worker thread: it reads /proc) --
+
+    def sample(self) -> None:
+        now, cpu = self._clock(), self._cpu.read()
+        n, talking = self._sessions(), self._talking()
+        gpu = _gpu_memory()
+        with self._lock:
+            last, self._last = self._last, (now, cpu)
+            if last is None or now - last[0] <= 0:
+                return
+            dt = now - last[0]
+            rate = {k: max(0.0, (v - last[1].get(k, 0.0)) / dt) for k, v in cpu.items()}
+            self._rate = rate
+            busy = sum(rate.values())
+            if n == 0:  # idle: the engine's own floor (a slow average: one busy second must not set it)
+                self._baseline = busy if self._baseline is None else 0.8 * self._baseline + 0.2 * busy
+                if gpu is not None:
+                    self._baseline_gpu = gpu[0]
+            elif talking > 0:
+                base = self._baseline or 0.0
+                share = max(0.0, busy - base) / n
+                stages = {k: v / n for k, v in rate.items()}
+                self._loaded.append((now, share, stages))
+                if gpu is not None and self._baseline_gpu is not None:
+                    self._gpu_per_session.append((now, max(0.0, gpu[0] - self._baseline_gpu) / n))
+            horizon = now - self.config.history_s
+            for q in (self._loaded, self._gpu_per_session):
+                while q and q[0][0] < horizon:
+                    q.popleft()
+
+    # -- the estimate --
+
+    def cpu_view(self) -> ResourceView:
+        cfg = self.config
+        with self._lock:
+            loaded = list(self._loaded)
+            rate = dict(self._rate)
+            baseline = self._baseline or 0.0
+        prior = sum(self.prior.values())
+        measured = _p90([s for _, s, _ in loaded]) if loaded else None
+        if cfg.session_cpu_cores is not None:
+            per = cfg.session_cpu_cores
+        elif measured is None:
+            per = prior
+        else:
+            w = min(1.0, len(loaded) / cfg.min_samples)
+            per = max(cfg.floor_fraction * prior, w * measured + (1.0 - w) * prior)
+        stages: dict[str, float] = dict(self.prior)
+        if loaded:
+            keys = {k for _, _, st in loaded for k in st}
+            stages = {k: sum(st.get(k, 0.0) for _, _, st in loaded) / len(loaded) for k in keys}
+        available = self.cores * cfg.target_utilization
+        cap = max(0, int((available - baseline) / per)) if per > 0 else self.max_sessions
+        return ResourceView(
+            "cpu",
+            "cores",
+            available,
+            self.cores,
+            sum(rate.values()),
+            baseline,
+            per,
+            measured,
+            len(loaded),
+            cap,
+            stages,
+        )
+
+    def gpu_view(self) -> ResourceView | None:
+        gpu = _gpu_memory()
+        if gpu is None:
+            return None
+        used, total = gpu
+        with self._lock:
+            samples = [s for _, s in self._gpu_per_session]
+            baseline = self._baseline_gpu if self._baseline_gpu is not None else used
+        measured = max(samples) if samples else None
+        per = max(measured or 0.0, PRIOR_GPU_GIB_PER_SESSION)
+        available = total * self.config.target_utilization
+        cap = max(0, int((available - baseline) / per))
+        return ResourceView(
+            "gpu_memory", "GiB", available, total, used, baseline, per, measured, len(samples), cap
+        )
+
+    def report(self) -> dict[str, Any]:
+        """What ``/api/capacity`` answers."""
+        views = [v for v in (self.cpu_view(), self.gpu_view()) if v is not None]
+        bound = min(views, key=lambda v: v.capacity)
+        capacity, bounding = bound.capacity, bound.name
+        if self.max_sessions <= capacity:
+            capacity, bounding = self.max_sessions, "max_sessions"
+        return {
+            "sessions": self._sessions(),
+            "capacity": capacity,
+            "bounded_by": bounding,
+            "admission": self.config.admission,  # false: the estimate is reported, not enforced
+            "max_sessions": self.max_sessions,
+            "resources": {v.name: v.as_dict() for v in views},
+        }
+
+    def refusal(self, open_sessions: int) -> Refusal | None:
+        """Why one more session cannot be admitted now, or None if it can."""
+        retry = self.config.retry_after_s
+        if open_sessions >= self.max_sessions:
+            return Refusal("max_sessions", f"too many sessions (max {self.max_sessions})", retry)
+        if not self.config.admission:
+            return None
+        for view in (self.cpu_view(), self.gpu_view()):
+            if view is not None and open_sessions + 1 > view.capacity:
+                return Refusal(
+                    view.name,
+                    f"no room for another session: {view.name} is full ({open_sessions} session(s) open; "
+                    f"{view.available:.2f} {view.unit} usable, {view.baseline:.2f} idle baseline, "
+                    f"~{view.per_session:.2f} {view.unit} per session → capacity {view.capacity})",
+                    retry,
+                )
+        return None

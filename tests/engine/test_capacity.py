@@ -1,0 +1,113 @@
+"""Admission by measured capacity: the estimate from the process's own CPU time, and the 503 past it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine.config import Settings, load_settings
+from engine.server.capacity import CapacityConfig, CapacityMonitor, ProcCPU, stage_of_thread
+
+
+class ScriptedCPU(ProcCPU):
+    """The CPU-time input, scripted: cumulative CPU seconds per stage, advanced by the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total: dict[str, float] = {"loop": 0.0, "llm": 0.0, "encode": 0.0}
+
+    def read(self) -> dict[str, float]:
+        return dict(self.total)
+
+
+def _settings() -> Settings:
+    s = load_settings(environ={})
+    s.avatar.enabled = False
+    return s
+
+
+def _monitor(
+    config: CapacityConfig, sessions: list[int], talking: list[int]
+) -> tuple[CapacityMonitor, ScriptedCPU, list[float]]:
+    cpu, now = ScriptedCPU(), [0.0]
+    m = CapacityMonitor(config, _settings(), lambda: sessions[0], lambda: talking[0], cpu, lambda: now[0])
+    return m, cpu, now
+
+
+@pytest.mark.unit
+def test_measured_cost_replaces_the_prior_and_bounds_the_capacity() -> None:
+    sessions, talking = [0], [0]
+    m, cpu, now = _monitor(CapacityConfig(cores=2.0, min_samples=10, floor_fraction=0.0), sessions, talking)
+    prior = sum(m.prior.values())
+    assert m.cpu_view().per_session == pytest.approx(prior)  # nothing measured yet
+    assert m.cpu_view().capacity == int(1.7 / prior)
+
+    def second(loop: float, llm: float = 0.0, encode: float = 0.0) -> None:
+        now[0] += 1.0
+        cpu.total["loop"] += loop
+        cpu.total["llm"] += llm
+        cpu.total["encode"] += encode
+        m.sample()
+
+    m.sample()
+    for _ in range(5):
+        second(0.1)  # idle: the engine's own 0.1 core
+    assert m.cpu_view().baseline == pytest.approx(0.1, abs=0.01)
+    sessions[0] = talking[0] = 2
+    for _ in range(5):
+        second(0.1, llm=0.5, encode=0.2)  # two talking sessions: 0.7 core above the baseline
+    half = m.cpu_view()
+    assert half.per_session_measured == pytest.approx(0.35, abs=0.01)
+    assert half.per_session == pytest.approx(0.5 * 0.35 + 0.5 * prior, abs=0.02)  # half-way to measured
+    for _ in range(10):
+        second(0.1, llm=0.5, encode=0.2)
+    view = m.cpu_view()
+    assert view.per_session == pytest.approx(0.35, abs=0.01)
+    assert view.capacity == 4  # ⌊(2 cores × 0.85 − 0.1) / 0.35⌋
+    assert view.stages["llm"] == pytest.approx(0.25, abs=0.01)
+    assert m.refusal(3) is None
+    refusal = m.refusal(4)
+    assert refusal is not None and refusal.resource == "cpu" and "cpu is full" in refusal.message
+    talking[0] = 0
+    for _ in range(30):
+        second(0.1, encode=0.04)  # quiet sessions are not what a session costs: no samples taken
+    assert m.cpu_view().capacity == 4
+
+
+@pytest.mark.unit
+def test_the_cap_and_admission_off() -> None:
+    s = _settings()
+    s.server.max_sessions = 3
+    m = CapacityMonitor(CapacityConfig(cores=64.0), s, lambda: 0, lambda: 0)
+    assert m.report()["capacity"] == 3 and m.report()["bounded_by"] == "max_sessions"
+    r = m.refusal(3)
+    assert r is not None and r.resource == "max_sessions"
+    off = CapacityMonitor(CapacityConfig(cores=0.5, admission=False), s, lambda: 0, lambda: 0)
+    assert off.refusal(2) is None and off.refusal(3) is not None
+    assert off.report()["capacity"] == 0  # still reported, not enforced
+
+
+@pytest.mark.unit
+def test_thread_cpu_is_read_per_stage_from_the_running_process() -> None:
+    assert stage_of_thread("render_0") == "render" and stage_of_thread("vad-abc_0") == "vad"
+    assert stage_of_thread(None) == "native" and stage_of_thread("piper_0") == "tts"
+
+    burnt, read = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        burnt.set()
+        read.wait(10)  # alive until its time has been read
+
+    before = ProcCPU().read()
+    t = threading.Thread(target=burn, name="render_test")
+    t.start()
+    assert burnt.wait(30)
+    during = ProcCPU().read()
+    read.set()
+    t.join()
+    assert during.get("render", 0.0) - before.get("render", 0.0) >= 0.25
