@@ -15,7 +15,10 @@
 # first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
 # 400 ms; a question's 200 ms); PAUSE_MS the pause that starts the speculative decode (64 ms here; the
 # engine's default, 96 ms, suits a CPU); TURNS and BARGE the bench's questions and barge-in rounds; any other
-# IDOLCAST_* variable set by the caller is passed on.
+# IDOLCAST_* variable set by the caller is passed on. Many sessions (issue 13): SESSIONS=N runs
+# `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (STAGGER_S the
+# seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level); both write
+# $OUT/sessions.json instead of bench.json and skip the single-session report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -58,6 +61,29 @@ bench)
     # on a GPU the speculative decode at a pause costs ~22 ms: speculate sooner (docs/configuration.md)
     export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
+    if [ -n "${FIND_CAPACITY:-}" ] || [ "${SESSIONS:-1}" -gt 1 ]; then
+        if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY");
+        else MANY=(--sessions "$SESSIONS"); fi
+        timeout "${BENCH_TIMEOUT:-540}" python3 -m engine.cli bench --turns "${TURNS:-5}" "${MANY[@]}" \
+            --stagger-s "${STAGGER_S:-1.0}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
+            --sl-min-fps "${SL_MIN_FPS:-27}" --json > "$OUT/sessions.json" 2> "$OUT/sessions.log"
+        echo "bench exit $?"
+        tail -5 "$OUT/sessions.log"
+        python3 - "$OUT/sessions.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for s in r["per_session"]:
+    print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
+          s["fps_min_1s"], "lipsync", s["lipsync_offset_ms"], s["error"] or "")
+print("pooled", r["sessions"], r["pooled"])
+for step in (r.get("capacity") or {}).get("steps", []):
+    est = step.get("engine_capacity") or {}
+    print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],
+          step["broken"], "engine's estimate:", est.get("capacity"), est.get("bounded_by"))
+print("capacity", (r.get("capacity") or {}).get("largest_n_held"))
+EOF
+        exit 0
+    fi
     timeout "${BENCH_TIMEOUT:-480}" python3 -m engine.cli bench --turns "${TURNS:-20}" --barge-rounds "${BARGE:-3}" \
         --json > "$OUT/bench.json" 2> "$OUT/bench.log"
     echo "bench exit $?"
