@@ -72,6 +72,7 @@ VIEWER_ROUTES = frozenset(
         ("DELETE", "/api/whep/{rid}"),
         ("PATCH", "/api/whep/{rid}"),
         ("GET", "/metrics"),
+        ("GET", "/api/capacity"),  # read-only, for an autoscaler holding a viewer token
     }
 )
 # The protocol's own body type is SDP here (WHIP, WHEP); PATCH is answered 405.
