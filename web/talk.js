@@ -63,7 +63,8 @@ async function connect() {
     const mic = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
     });
-    pc = new RTCPeerConnection();
+    const ice = await fetch("/api/ice-servers").then((r) => (r.ok ? r.json() : {})).catch(() => ({}));
+    pc = new RTCPeerConnection({ iceServers: ice.iceServers || [] });
     for (const track of mic.getTracks()) pc.addTrack(track, mic);
     pc.addTransceiver("video", { direction: "recvonly" });
     pc.ontrack = (e) => {

@@ -22,6 +22,7 @@ from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
+from engine.transport.ice import register_ice_routes
 from engine.surfaces.routes import register_surfaces
 from persona.http import register_routes as register_persona_routes
 
@@ -201,6 +202,7 @@ def create_app(
     register_auth_routes(app)
     register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
     register_surfaces(app, engine, app[PEERS_KEY])
+    register_ice_routes(app, settings.server)
 
     async def on_startup(app: web.Application) -> None:
         engine.start_loading()

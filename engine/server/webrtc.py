@@ -6,12 +6,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
 from engine.server.engine import Engine
 from engine.server.errors import APIError
 from engine.session.session import Session
+from engine.transport import ice
+from engine.transport.ice import rtc_ice_servers
 from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
 
@@ -53,9 +55,10 @@ class PeerManager:
         self._owner = TaskOwner("peers")
         self.track_factories: list[TrackFactory] = [lambda session: session.video_track]
         engine.on_session_closed.append(self._session_closed)
+        ice.configure(engine.settings.server)  # the UDP port range of the media, if one is set
 
     def _configuration(self) -> RTCConfiguration:
-        servers = [RTCIceServer(urls=url) for url in self.engine.settings.server.ice_servers]
+        servers = rtc_ice_servers(self.engine.settings.server)  # with the TURN credentials
         return RTCConfiguration(iceServers=servers)
 
     async def answer(self, sdp: str, kind: str = "offer") -> tuple[Session, RTCSessionDescription]:

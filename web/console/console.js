@@ -1,5 +1,5 @@
 // The host console: mic in (meter, mute, push-to-talk), the idol out (preview, captions), controls, latency.
-import { api, eventSocket, waitIceGathering } from "/web/shared/api.js";
+import { api, eventSocket, newPeer, waitIceGathering } from "/web/shared/api.js";
 import { AlphaRenderer } from "/web/shared/packed.js";
 
 const $ = (id) => document.getElementById(id);
@@ -143,7 +143,7 @@ async function connect() {
     if (!navigator.mediaDevices) throw new Error("no microphone access: open the console from http://localhost or https");
     state.mic = await navigator.mediaDevices.getUserMedia({ audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true } });
     startMeter(state.mic);
-    const pc = (state.pc = new RTCPeerConnection());
+    const pc = (state.pc = await newPeer());
     for (const track of state.mic.getTracks()) pc.addTrack(track, state.mic);
     pc.addTransceiver("video", { direction: "recvonly" });
     pc.ontrack = (e) => {

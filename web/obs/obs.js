@@ -2,7 +2,7 @@
 //   ?session=latest|ID   whose stream to show (WHEP viewer; default: the newest session)
 //   ?own=1               open a session of its own instead (no mic; chat and MQTT drive it)
 //   ?mode=auto|packed|chroma|plain  ?key=#00ff00 ?similarity=0.3 ?smoothness=0.1  ?audio=0  ?status=0
-import { api, resolveSession, waitIceGathering, whepView } from "/web/shared/api.js";
+import { api, newPeer, resolveSession, waitIceGathering, whepView } from "/web/shared/api.js";
 import { AlphaRenderer, parseHexColour } from "/web/shared/packed.js";
 
 const params = new URLSearchParams(location.search);
@@ -21,7 +21,7 @@ function onTrack(track, stream) {
 }
 
 async function ownSession() {
-  const pc = new RTCPeerConnection();
+  const pc = await newPeer();
   pc.addTransceiver("audio", { direction: "recvonly" });
   pc.addTransceiver("video", { direction: "recvonly" });
   pc.ontrack = (e) => onTrack(e.track, e.streams[0]);

@@ -35,6 +35,20 @@ export async function api(path, { method = "GET", body } = {}) {
   return data;
 }
 
+// The STUN/TURN servers of the engine (server.ice_servers, TURN credentials included), for every
+// peer a page makes: GET /api/ice-servers; none where that is refused (a viewer token).
+let iceServerList;
+export async function iceServers() {
+  if (iceServerList === undefined) {
+    try { iceServerList = (await api("/api/ice-servers")).iceServers || []; } catch { iceServerList = []; }
+  }
+  return iceServerList;
+}
+
+export async function newPeer() {
+  return new RTCPeerConnection({ iceServers: await iceServers() });
+}
+
 export function waitIceGathering(pc, ms = 3000) {
   return new Promise((resolve) => {
     if (pc.iceGatheringState === "complete") return resolve();
@@ -46,7 +60,7 @@ export function waitIceGathering(pc, ms = 3000) {
 
 // WHEP (draft-ietf-wish-whep): POST an offer as application/sdp, 201 + Location, DELETE to end.
 export async function whepView(session, { onTrack, token } = {}) {
-  const pc = new RTCPeerConnection();
+  const pc = await newPeer();
   pc.addTransceiver("audio", { direction: "recvonly" });
   pc.addTransceiver("video", { direction: "recvonly" });
   pc.ontrack = (e) => onTrack && onTrack(e.track, e.streams[0]);
