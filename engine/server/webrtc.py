@@ -12,9 +12,9 @@ from aiortc.mediastreams import MediaStreamTrack
 from engine.server.engine import Engine
 from engine.server.errors import APIError
 from engine.session.session import Session
+from engine.tasks import TaskOwner
 from engine.transport import ice
 from engine.transport.ice import rtc_ice_servers
-from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
