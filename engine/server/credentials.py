@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 Scope = Literal["host", "viewer"]
 HOST_TOKEN_FILE = "host_token"
+MQTT_USERS_FILE = "mqtt_users.json"
+MQTT_USERS = ("host", "chat")
 VIEWER_TOKENS_FILE = "viewer_tokens.json"
 MAX_VIEWER_TOKENS = 256
 
@@ -76,6 +78,26 @@ def load_or_create_host_token(secrets_dir: Path) -> tuple[str, bool]:
     except OSError as e:
         raise CredentialError(f"cannot create the host token {path}: {e}") from None
     return token, True
+
+
+def load_or_create_mqtt_users(secrets_dir: Path) -> dict[str, str]:
+    """The embedded MQTT broker's users (``host``, ``chat``) and their passwords, made on first use
+    (``mqtt_users.json``, 0600). Blocking: call in a thread."""
+    path = secrets_dir / MQTT_USERS_FILE
+    try:
+        users = json.loads(path.read_text())
+        if isinstance(users, dict) and all(isinstance(users.get(u), str) and users[u] for u in MQTT_USERS):
+            return {u: users[u] for u in MQTT_USERS}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        raise CredentialError(f"cannot read the MQTT users {path}: {type(e).__name__}") from None
+    users = {u: secrets.token_urlsafe(24) for u in MQTT_USERS}
+    try:
+        _write_private(path, json.dumps(users, indent=1))
+    except OSError as e:
+        raise CredentialError(f"cannot create the MQTT users {path}: {e}") from None
+    return users
 
 
 def read_host_token(secrets_dir: Path | str = "var/secrets") -> str | None:

@@ -19,8 +19,12 @@ class BrokerStartError(RuntimeError):
 
 
 class EmbeddedBroker:
-    def __init__(self, host: str, port: int) -> None:
+    """``users``: user name → password (every client must log in); ``publish``: user name → the topic
+    filters it may publish to (see :mod:`engine.surfaces.broker_auth`)."""
+
+    def __init__(self, host: str, port: int, users: dict[str, str], publish: dict[str, list[str]]) -> None:
         self.host, self.port = host, port
+        self.users, self.publish = users, publish
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._broker: Any = None
@@ -69,7 +73,8 @@ class EmbeddedBroker:
                 {
                     "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
                     "plugins": {
-                        "amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}
+                        "engine.surfaces.broker_auth.PasswordAuth": {"users": self.users},
+                        "engine.surfaces.broker_auth.PublishRoles": {"publish": self.publish},
                     },
                 }
             )

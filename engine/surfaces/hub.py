@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from engine.avatar.params import EXPRESSIONS, GESTURES
@@ -62,7 +63,12 @@ class Surfaces:
         self.whip = WHIPServer(engine, peers, ice)
         self.mqtt: MQTTBus | None = None
         if settings.mqtt.enabled:
-            self.mqtt = MQTTBus(settings.mqtt, self.chat_from_bus, self.control_from_bus)
+            self.mqtt = MQTTBus(
+                settings.mqtt,
+                self.chat_from_bus,
+                self.control_from_bus,
+                secrets_dir=Path(settings.server.secrets_dir),
+            )
         self._listeners: dict[str, Listener] = {}
         self._owner = TaskOwner("surfaces")
         engine.on_session_created.append(self._created)

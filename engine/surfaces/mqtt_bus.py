@@ -2,9 +2,15 @@
 
 Topic schema (``P`` is ``mqtt.topic_prefix``, default ``idol``; ``{sid}`` a session id)::
 
-    in   P/{sid}/chat/in      ChatIn    {"user", "text", "role": host|member|chat, "id"?, "platform"?}
+    in   P/{sid}/chat/in      ChatIn    {"user", "text", "role": member|chat, "id"?, "platform"?}
+                                        (viewers' chat: "role": "host" here is refused)
     in   P/all/chat/in        ChatIn    the same, delivered to every open session
+    in   P/{sid}/host/in      ChatIn    the host's own chat ({"user", "text"}; the role is always host)
     in   P/{sid}/control      ControlIn {"action": interrupt|expression|gesture|say, "name"?, "text"?}
+
+The embedded broker lets no one in without a password (users ``host`` and ``chat``, generated into
+``server.secrets_dir/mqtt_users.json``); ``chat`` may publish only ``P/+/chat/in``. On an external
+broker, give the same rule to its ACL (only the host's tools may publish ``control`` and ``host/in``).
     out  P/sessions           retained  {"sessions": [sid, ...]}
     out  P/{sid}/state        retained  {"state": listening|hearing|thinking|speaking|closed, "t"}
     out  P/{sid}/captions               the session's caption events (text, word times on the session clock)
@@ -25,6 +31,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -32,6 +39,7 @@ import aiomqtt
 from pydantic import ValidationError
 
 from engine.config import MQTTConfig
+from engine.server.credentials import load_or_create_mqtt_users
 from engine.surfaces.broker import EmbeddedBroker
 from engine.surfaces.payloads import ChatIn, ControlIn
 from engine.tasks import TaskOwner
@@ -101,8 +109,17 @@ def broker_address(config: MQTTConfig) -> tuple[str, int]:
 
 
 class MQTTBus:
-    def __init__(self, config: MQTTConfig, on_chat: ChatHandler, on_control: ControlHandler) -> None:
+    def __init__(
+        self,
+        config: MQTTConfig,
+        on_chat: ChatHandler,
+        on_control: ControlHandler,
+        secrets_dir: Path = Path("var/secrets"),
+    ) -> None:
         self.config = config
+        self.secrets_dir = secrets_dir
+        self.broker_users: dict[str, str] = {}  # the embedded broker's users (host, chat) once started
+        self.refused_host_role = 0
         self.prefix = config.topic_prefix.strip("/")
         self.on_chat = on_chat
         self.on_control = on_control
@@ -116,7 +133,9 @@ class MQTTBus:
 
     async def start(self) -> None:
         if self.config.url == "embedded":
-            self._broker = EmbeddedBroker(self.host, self.port)
+            self.broker_users = await asyncio.to_thread(load_or_create_mqtt_users, self.secrets_dir)
+            publish = {"host": ["#"], "chat": [f"{self.prefix}/+/chat/in"]}
+            self._broker = EmbeddedBroker(self.host, self.port, self.broker_users, publish)
             await self._broker.start()
         self._owner.spawn(self._run(), "client")
 
@@ -151,10 +170,11 @@ class MQTTBus:
                     self.host,
                     self.port,
                     identifier=self.config.client_id,
-                    username=self.config.username or None,
-                    password=self.config.password or None,
+                    username=("host" if self.broker_users else self.config.username) or None,
+                    password=self.broker_users.get("host") or self.config.password or None,
                 ) as client:
                     await client.subscribe(f"{self.prefix}/+/chat/in")
+                    await client.subscribe(f"{self.prefix}/+/host/in")
                     await client.subscribe(f"{self.prefix}/+/control")
                     self.connected.set()
                     delay = 0.5
@@ -199,12 +219,24 @@ class MQTTBus:
                 raise ValueError("empty payload")
             data = json.loads(payload)
             if len(parts) == 4 and parts[2:] == ["chat", "in"]:
-                self.on_chat(parts[1], ChatIn.model_validate(data))
+                msg = ChatIn.model_validate(data)
+                if msg.role == "host":  # viewers' topic: the host speaks on host/in
+                    self.refused_host_role += 1
+                    raise ValueError("the host role on a viewers' chat topic")
+                self.on_chat(parts[1], msg)
+            elif len(parts) == 4 and parts[2:] == ["host", "in"]:
+                self.on_chat(parts[1], ChatIn.model_validate(data).model_copy(update={"role": "host"}))
             elif len(parts) == 3 and parts[2] == "control":
                 self.on_control(parts[1], ControlIn.model_validate(data))
             else:
                 raise ValueError("unknown topic")
-        except (ValueError, ValidationError) as e:  # JSONDecodeError and ValidationError are ValueErrors
+        except (
+            ValueError,
+            ValidationError,
+            RecursionError,
+        ) as e:  # JSON and validation errors are ValueErrors
             self.dropped_in += 1
-            reason = e.errors()[0]["msg"] if isinstance(e, ValidationError) else type(e).__name__
+            reason = (
+                e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)[:80] or type(e).__name__
+            )
             log.warning("dropped a bad MQTT message on %s: %s", topic, reason)

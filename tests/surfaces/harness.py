@@ -8,6 +8,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -35,6 +36,7 @@ def base_settings() -> Settings:
     s = load_settings(environ={})
     s.avatar.enabled = False  # video only in the tests that look at it (it costs CPU)
     s.mqtt.enabled = False
+    s.server.secrets_dir = tempfile.mkdtemp(prefix="idolcast-test-secrets-")  # the MQTT users, not var/
     s.llm.temperature = 0.0
     s.llm.max_new_tokens = 24
     return s
