@@ -1,0 +1,58 @@
+"""The multi-session bench's bookkeeping: pooling sessions, and when a service level counts as held."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.bench.sessions import ServiceLevel, _session_entry, pool, rotated
+from engine.bench.stats import summarize
+from engine.bench.voice import Question
+
+pytestmark = pytest.mark.unit
+
+
+def _client(v2v: list[float | None], fps_min: int | None = 30, lips: tuple[float, ...] = ()) -> dict:
+    return {
+        "session_id": "s",
+        "voice_to_voice_ms": summarize([v for v in v2v if v is not None]),
+        "turns": [{"voice_to_voice_ms": v} for v in v2v],
+        "fps_mean": 30.0 if fps_min is not None else None,
+        "fps_min_1s": fps_min,
+        "lipsync_offset_ms": {"mean": None, "p95": None, "n": 0},
+        "lipsync_per_reply": [{"offset_ms": x, "confidence": 1.0} for x in lips],
+    }
+
+
+def test_pooled_turns_unanswered_refusals_and_the_lowest_second() -> None:
+    per = [
+        _session_entry(0, 3, _client([900.0, 1000.0, 1100.0], 29, (10.0, -20.0))),
+        _session_entry(1, 3, _client([1200.0, None, 1300.0], 27, (30.0,))),
+        _session_entry(2, 3, RuntimeError('offer refused: 503 {"resource": "cpu"}')),
+    ]
+    p = pool(per)
+    assert p["voice_to_voice_ms"]["n"] == 5 and p["voice_to_voice_ms"]["max"] == 1300.0
+    assert p["unanswered"] == 1 + 3  # the turn that got no reply, and the refused host's three
+    assert p["refused"] == 1 and p["failed"] == 0 and "503" in p["refusals"][0]
+    assert p["fps_min_1s"] == 27
+    assert p["lipsync_abs_p95_ms"] == pytest.approx(float(np.percentile([10, 20, 30], 95)), abs=0.1)
+    level = ServiceLevel(v2v_p95_ms=2000.0)
+    broken = level.check(p, with_video=True)
+    assert any("refused" in b for b in broken) and any("unanswered" in b for b in broken)
+    assert not any("fps" in b for b in broken) and not any("P95" in b for b in broken)
+
+
+def test_a_session_without_video_breaks_the_fps_level_only_when_video_is_expected() -> None:
+    per = [_session_entry(0, 2, _client([800.0, 900.0], None)), _session_entry(1, 2, _client([850.0, 950.0]))]
+    p = pool(per)
+    assert p["fps_min_1s"] == 0  # one session got no video at all
+    assert ServiceLevel(v2v_p95_ms=1000.0).check(p, with_video=True) == ["lowest 1 s window 0 fps < 27"]
+    assert ServiceLevel(v2v_p95_ms=1000.0).check(p, with_video=False) == []
+    assert ServiceLevel(v2v_p95_ms=900.0).check(p, with_video=False)[0].startswith("voice-to-voice P95")
+
+
+def test_each_host_asks_the_questions_in_its_own_order() -> None:
+    qs = [Question(t, np.zeros(1, np.int16)) for t in "abc"]
+    assert [q.text for q in rotated(qs, 1)] == ["b", "c", "a"]
+    assert [q.text for q in rotated(qs, 4)] == ["b", "c", "a"]
+    assert rotated([], 2) == []
