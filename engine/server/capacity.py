@@ -8,9 +8,10 @@ CTranslate2's intra-op pools — count as ``native``). With no session open the 
 idle baseline; with sessions open and at least one of them talking, (busy − baseline) / sessions is one
 session's cost, in cores. Until enough such samples exist the cost is a prior built from the
 configuration (the stage costs measured on the 2-core machine and the H200, docs/PERFORMANCE.md), and
-the measured cost takes over in proportion to the samples it rests on.
+the measured cost takes over in proportion to the samples it rests on. Unless ``capacity.cores`` is set,
+what other processes keep busy on the machine (``/proc/stat`` minus this process) is not available.
 
-Capacity = ⌊(cores × target_utilization − baseline) / cost of one session⌋, at most
+Capacity = ⌊(cores × target_utilization − others − baseline) / cost of one session⌋, at most
 ``server.max_sessions``. Where the process has initialized CUDA, GPU memory is a second resource the
 same way (measured growth per session). A session past the capacity is refused (HTTP 503, Retry-After,
 the resource named) rather than admitted into a stream that would degrade everyone's.
@@ -148,6 +149,17 @@ class ProcCPU:
         return out
 
 
+def machine_busy_cores_s() -> float | None:
+    """CPU seconds the whole machine has been busy (all processes; ``/proc/stat``), or None elsewhere."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+    return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
 def machine_cores() -> float:
     try:
         return float(len(os.sched_getaffinity(0)))
@@ -180,6 +192,7 @@ class ResourceView:
     samples: int
     capacity: int
     stages: dict[str, float] = field(default_factory=dict)  # cost of one session per stage (cpu)
+    others: float = 0.0  # cores busy with other processes on the machine (taken off what is available)
 
     @property
     def utilization(self) -> float:
@@ -193,6 +206,7 @@ class ResourceView:
             "in_use": round(self.in_use, 3),
             "utilization": round(self.utilization, 3),
             "baseline": round(self.baseline, 3),
+            "others": round(self.others, 3),
             "per_session": round(self.per_session, 3),
             "per_session_measured": None
             if self.per_session_measured is None
@@ -238,6 +252,12 @@ class CapacityMonitor:
         self._last: tuple[float, dict[str, float]] | None = None
         self._rate: dict[str, float] = {}  # cores per stage, last sample
         self._baseline: float | None = None
+        # Other processes' load counts against the machine's cores (not against configured ``cores``).
+        self._machine: Callable[[], float | None] = (
+            machine_busy_cores_s if config.cores is None else lambda: None
+        )
+        self._last_machine: float | None = None
+        self._others = 0.0
         self._baseline_gpu: float | None = None
         self._loaded: deque[tuple[float, float, dict[str, float]]] = deque()  # (t, cores/session, stages)
         self._gpu_per_session: deque[tuple[float, float]] = deque()
@@ -257,6 +277,10 @@ class CapacityMonitor:
             rate = {k: max(0.0, (v - last[1].get(k, 0.0)) / dt) for k, v in cpu.items()}
             self._rate = rate
             busy = sum(rate.values())
+            machine, self._last_machine = self._last_machine, self._machine()
+            if machine is not None and self._last_machine is not None:
+                others = max(0.0, (self._last_machine - machine) / dt - busy)
+                self._others = 0.7 * self._others + 0.3 * others  # smoothed: a one-second burst is not load
             if n == 0:  # idle: the engine's own floor (a slow average: one busy second must not set it)
                 self._baseline = busy if self._baseline is None else 0.8 * self._baseline + 0.2 * busy
                 if gpu is not None:
@@ -281,6 +305,7 @@ class CapacityMonitor:
             loaded = list(self._loaded)
             rate = dict(self._rate)
             baseline = self._baseline or 0.0
+            others = self._others
         prior = sum(self.prior.values())
         measured = _p90([s for _, s, _ in loaded]) if loaded else None
         if cfg.session_cpu_cores is not None:
@@ -294,7 +319,7 @@ class CapacityMonitor:
         if loaded:
             keys = {k for _, _, st in loaded for k in st}
             stages = {k: sum(st.get(k, 0.0) for _, _, st in loaded) / len(loaded) for k in keys}
-        available = self.cores * cfg.target_utilization
+        available = max(0.0, self.cores * cfg.target_utilization - others)
         cap = max(0, int((available - baseline) / per)) if per > 0 else self.max_sessions
         return ResourceView(
             "cpu",
@@ -308,6 +333,7 @@ class CapacityMonitor:
             len(loaded),
             cap,
             stages,
+            others,
         )
 
     def gpu_view(self) -> ResourceView | None:
@@ -354,7 +380,8 @@ class CapacityMonitor:
                 return Refusal(
                     view.name,
                     f"no room for another session: {view.name} is full ({open_sessions} session(s) open; "
-                    f"{view.available:.2f} {view.unit} usable, {view.baseline:.2f} idle baseline, "
+                    f"{view.available:.2f} {view.unit} usable ({view.others:.2f} busy with other processes), "
+                    f"{view.baseline:.2f} idle baseline, "
                     f"~{view.per_session:.2f} {view.unit} per session → capacity {view.capacity})",
                     retry,
                 )

@@ -77,6 +77,26 @@ def test_measured_cost_replaces_the_prior_and_bounds_the_capacity() -> None:
 
 
 @pytest.mark.unit
+def test_other_processes_load_is_not_available() -> None:
+    sessions, talking = [0], [0]
+    m, cpu, now = _monitor(CapacityConfig(session_cpu_cores=0.5), sessions, talking)
+    m.cores = 4.0
+    machine = [100.0]
+    m._machine = lambda: machine[0]  # the machine's busy CPU seconds (all processes), scripted
+    m.sample()
+    for _ in range(20):
+        now[0] += 1.0
+        cpu.total["loop"] += 0.1
+        machine[0] += 2.1  # this process 0.1 core, others 2.0
+        m.sample()
+    view = m.cpu_view()
+    assert view.others == pytest.approx(2.0, abs=0.01)
+    assert view.capacity == 2  # ⌊(4 × 0.85 − 2.0 − 0.1) / 0.5⌋
+    refusal = m.refusal(2)
+    assert refusal is not None and "busy with other processes" in refusal.message
+
+
+@pytest.mark.unit
 def test_the_cap_and_admission_off() -> None:
     s = _settings()
     s.server.max_sessions = 3
