@@ -29,6 +29,15 @@ class RTMPConfig(BaseModel):
     """RTMP egress (Twitch/YouTube ingest) with PyAV: libx264 + AAC in FLV."""
 
     url: str = Field("", description="rtmp://… ingest URL with the stream key; empty: off until started")
+    allowed_hosts: list[str] = Field(
+        default_factory=lambda: [
+            "live.twitch.tv",
+            "*.contribute.live-video.net",
+            "*.rtmp.youtube.com",
+            "*.facebook.com",
+        ],
+        description="hosts (shell patterns) a POST …/rtmp {url} may push to, besides the host of `url`",
+    )
     autostart: bool = Field(False, description="push every new session to `url` as soon as it starts")
     width: int = Field(1280, ge=16, le=4096)
     height: int = Field(720, ge=16, le=4096)

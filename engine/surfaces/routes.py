@@ -35,6 +35,7 @@ from engine.server.webrtc import PeerManager
 from engine.session.session import Session
 from engine.surfaces.hub import Surfaces
 from engine.surfaces.payloads import ChatIn
+from engine.surfaces.rtmp import target_allowed
 from engine.surfaces.sdp_http import answer_response, patch_not_supported, read_offer
 from persona.card import CardError, load_named_card
 
@@ -175,9 +176,14 @@ async def rtmp_start(request: web.Request) -> web.Response:
     hub = _hub(request)
     session = _session(request)
     body = await read_json(request) if request.can_read_body else {}
-    url = body.get("url") or hub.engine.settings.surfaces.rtmp.url
+    config = hub.engine.settings.surfaces.rtmp
+    url = body.get("url") or config.url
     if not isinstance(url, str) or not url:
         raise APIError(400, "'url' is required (or set surfaces.rtmp.url)")
+    if url != config.url and not target_allowed(url, config):
+        raise APIError(
+            403, "that RTMP host is not allowed (surfaces.rtmp.allowed_hosts, or set surfaces.rtmp.url)"
+        )
     try:
         streamer = await hub.start_rtmp(session, url)
     except ValueError as e:

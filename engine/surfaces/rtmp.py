@@ -15,12 +15,14 @@ timeline.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import fractions
 import logging
 import threading
 import time
 from collections import deque
 from typing import Any
+from urllib.parse import urlsplit
 
 import av
 import numpy as np
@@ -48,6 +50,17 @@ def redact(url: str) -> str:
     """The URL without its stream key (for logs and status)."""
     head, _, _ = url.rpartition("/")
     return f"{head}/***" if head else "***"
+
+
+def target_allowed(url: str, config: RTMPConfig) -> bool:
+    """Whether an RTMP URL given by a request may be pushed to: its host is the configured URL's or
+    matches ``surfaces.rtmp.allowed_hosts`` (shell patterns, e.g. ``*.contribute.live-video.net``)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if not host or urlsplit(url).scheme not in ("rtmp", "rtmps"):
+        return False
+    if config.url and (urlsplit(config.url).hostname or "").lower() == host:
+        return True
+    return any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in config.allowed_hosts)
 
 
 class RTMPStreamer:
@@ -139,7 +152,9 @@ class RTMPStreamer:
                 if self._stop.is_set():
                     break
                 log.warning("RTMP to %s failed: %s; reconnecting in %.1fs", redact(self.url), e, delay)
-                self._set_state("reconnecting", f"{type(e).__name__}: {e}")
+                # the API and the events say only that it failed: the reason (refused, timed out…)
+                # would turn the egress into a port scanner; the engine log has it
+                self._set_state("reconnecting", "the stream did not go through (the engine log says why)")
             if time.monotonic() - started > 10:  # it had been working: start the backoff over
                 delay = self.config.reconnect_min_s
             if self._stop.wait(delay):

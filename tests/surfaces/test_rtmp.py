@@ -87,6 +87,7 @@ async def test_rtmp_push_is_decodable_and_resumes_after_the_server_restarts(
     rtmp.width, rtmp.height, rtmp.fps = 320, 180, 15
     rtmp.preset, rtmp.profile, rtmp.keyframe_interval_s = "ultrafast", "baseline", 1.0
     rtmp.video_bitrate_kbps, rtmp.reconnect_min_s, rtmp.reconnect_max_s = 300, 0.3, 2.0
+    rtmp.allowed_hosts = ["127.0.0.1"]  # the test's own ingest
     port = free_port()
     url = f"rtmp://127.0.0.1:{port}/live/x"
     async with live_server(settings, surface_models) as server:
@@ -121,3 +122,35 @@ async def test_rtmp_push_is_decodable_and_resumes_after_the_server_restarts(
         assert codecs == {"video": "h264", "audio": "aac"}, (name, codecs)
         assert float(info["format"]["duration"]) >= at_least, (name, info["format"]["duration"])
         assert not info["decode_errors"], name
+
+
+async def test_rtmp_targets_are_allow_listed_and_failures_tell_nothing(surface_models: EngineModels) -> None:
+    settings = base_settings()
+    settings.surfaces.rtmp.allowed_hosts = ["127.0.0.1"]
+    async with live_server(settings, surface_models) as server:
+        host = EngineConnection(server.url, MediaClock(), token=server.token)
+        await host.open(with_video=False)
+        try:
+            rtmp_url = f"{server.url}/api/sessions/{host.session_id}/rtmp"
+            async with aiohttp.ClientSession(headers=server.auth) as http:
+                for url in (
+                    "rtmp://attacker.example/live/k",
+                    "rtmp://127.0.0.2:1935/live/k",
+                    "http://127.0.0.1/x",
+                ):
+                    async with http.post(rtmp_url, json={"url": url}) as r:
+                        assert r.status == 403, (url, await r.text())
+                assert not server.surfaces.rtmp
+                closed = free_port()  # allowed, but nothing listens: a port probe must learn nothing
+                async with http.post(rtmp_url, json={"url": f"rtmp://127.0.0.1:{closed}/live/k"}) as r:
+                    assert r.status == 201
+                streamer = server.surfaces.rtmp[host.session_id]
+                await wait_for(lambda: streamer.state == "reconnecting", 10, "the failed connection")
+                async with http.get(rtmp_url) as r:
+                    status = await r.json()
+                assert status["last_error"] and "refused" not in status["last_error"].lower()
+                assert "errno" not in status["last_error"].lower() and str(closed) not in status["last_error"]
+                async with http.delete(rtmp_url) as r:
+                    assert r.status == 200
+        finally:
+            await host.close()
