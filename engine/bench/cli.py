@@ -241,24 +241,26 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
         "stagger_s": args.stagger_s,
     }
 
-    async def measure(url: str) -> dict[str, Any]:
-        if not args.find_capacity:
-            return await run_sessions(url, questions, args.sessions, **kwargs)
-        level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)
-        return await find_capacity(
-            url, questions, level, max_sessions=top, with_video=settings.avatar.enabled, **kwargs
-        )
-
+    level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)
+    video = settings.avatar.enabled
     if args.url:
         wait_ready(args.url)
-        return await measure(args.url)
+        if args.find_capacity:
+            return await find_capacity(
+                args.url, questions, level, max_sessions=top, with_video=video, **kwargs
+            )
+        return await run_sessions(args.url, questions, args.sessions, **kwargs)
     # The bench's own engine: room for every probed session, and its admission off, so what is measured
     # is what the machine holds (its own estimate is read from /api/capacity and reported beside it).
     os.environ.setdefault("IDOLCAST_SERVER__MAX_SESSIONS", str(max(top, 8)))
     os.environ.setdefault("IDOLCAST_CAPACITY__ADMISSION", "false")
+    kwargs["same_host"] = True
+    if args.find_capacity:  # a fresh engine (and memory bank) for every step
+        return await find_capacity(
+            lambda: engine_process(args), questions, level, max_sessions=top, with_video=video, **kwargs
+        )
     with engine_process(args) as url:
-        kwargs["same_host"] = True
-        return await measure(url)
+        return await run_sessions(url, questions, args.sessions, **kwargs)
 
 
 def many_table(report: dict[str, Any]) -> str:

@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -203,8 +204,11 @@ async def run_sessions(
     }
 
 
+EngineFactory = Callable[[], AbstractContextManager[str]]
+
+
 async def find_capacity(
-    url: str,
+    url: str | EngineFactory,
     questions: Sequence[Question],
     level: ServiceLevel,
     *,
@@ -212,12 +216,23 @@ async def find_capacity(
     with_video: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Raise N from 1 until ``level`` breaks; the report carries the largest N that held."""
+    """Raise N from 1 until ``level`` breaks; the report carries the largest N that held.
+
+    ``url``: a running engine, or a factory of fresh ones (a context manager giving the URL), entered
+    for every step: each N then starts from the same state (the memory bank grows with every turn the
+    idol hears, and with it the next step's prompts).
+    """
     steps: list[dict[str, Any]] = []
     held: dict[str, Any] | None = None
     broke: list[str] = []
     for n in range(1, max_sessions + 1):
-        report = await run_sessions(url, questions, n, **kwargs)
+        if isinstance(url, str):
+            report = await run_sessions(url, questions, n, **kwargs)
+        else:
+            with contextlib.ExitStack() as stack:
+                # starting an engine blocks (a subprocess, waiting for its models): off the loop
+                step_url = await asyncio.to_thread(stack.enter_context, url())
+                report = await run_sessions(step_url, questions, n, **kwargs)
         pooled = report["pooled"]
         if n == 1 and level.v2v_p95_ms is None and pooled["voice_to_voice_ms"]["p95"] is not None:
             level.v2v_p95_ms = round(level.p95_factor * pooled["voice_to_voice_ms"]["p95"], 1)
