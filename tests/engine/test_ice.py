@@ -1,17 +1,21 @@
 """Reachable media: WebRTC host candidates bound inside server.ice_port_min..max, a connection
-made through them, a full range refused loudly, and the ICE servers the pages are given."""
+made through them, a full range refused loudly, the ICE servers the pages are given, and a
+connection relayed by a real coturn with the configured TURN credentials."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from aiortc import RTCPeerConnection
+from aiortc import RTCConfiguration, RTCIceTransportPolicy, RTCPeerConnection
 
 from engine.config import ServerConfig
 from engine.transport import ice
@@ -119,3 +123,83 @@ async def test_the_pages_get_the_ice_servers_with_turn_credentials() -> None:
         }
     servers = ice.rtc_ice_servers(cfg)
     assert servers[1].username == "idol" and servers[1].credential == "s3cret"
+
+
+@pytest.fixture
+def coturn() -> Iterator[str]:
+    """A real TURN relay (Debian's coturn) on 127.0.0.1; yields its turn: URL."""
+    exe = shutil.which("turnserver")
+    if exe is None:
+        pytest.skip("coturn is not installed (apt-get install coturn)")
+    port = free_udp_range(1)[0]
+    relay_lo, relay_hi = free_udp_range(16)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "-n",
+            "--listening-ip=127.0.0.1",
+            "--relay-ip=127.0.0.1",
+            f"--listening-port={port}",
+            f"--min-port={relay_lo}",
+            f"--max-port={relay_hi}",
+            "--lt-cred-mech",
+            "--user=idol:s3cret",
+            "--realm=idolcast.test",
+            "--fingerprint",
+            "--no-tls",
+            "--no-dtls",
+            "--no-cli",
+            "--allow-loopback-peers",
+            "--log-file=stdout",
+            "--simple-log",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        yield f"turn:127.0.0.1:{port}?transport=udp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def connect_pair(a: RTCPeerConnection, b: RTCPeerConnection, limit_s: float = 15) -> str:
+    a.createDataChannel("x")
+    await a.setLocalDescription(await a.createOffer())
+    await b.setRemoteDescription(a.localDescription)
+    await b.setLocalDescription(await b.createAnswer())
+    await a.setRemoteDescription(b.localDescription)
+    for _ in range(int(limit_s * 10)):
+        if a.connectionState == b.connectionState == "connected" or "failed" in (
+            a.connectionState,
+            b.connectionState,
+        ):
+            break
+        await asyncio.sleep(0.1)
+    return f"{a.connectionState}/{b.connectionState}"
+
+
+async def test_media_goes_through_a_turn_relay_with_the_configured_credentials(coturn: str) -> None:
+    def relay_only(credential: str) -> RTCConfiguration:
+        cfg = ServerConfig(ice_servers=[coturn], ice_username="idol", ice_credential=credential)
+        return RTCConfiguration(
+            iceServers=ice.rtc_ice_servers(cfg), iceTransportPolicy=RTCIceTransportPolicy.RELAY
+        )
+
+    a, b = RTCPeerConnection(relay_only("s3cret")), RTCPeerConnection(relay_only("s3cret"))
+    try:
+        assert await connect_pair(a, b) == "connected/connected"
+        assert " typ relay" in a.localDescription.sdp and " typ host" not in a.localDescription.sdp
+    finally:
+        await a.close()
+        await b.close()
+    bad = RTCPeerConnection(relay_only("wrong"))
+    try:  # a wrong credential gets no relay allocation: no candidate at all
+        bad.createDataChannel("x")
+        await bad.setLocalDescription(await bad.createOffer())
+        assert " typ relay" not in bad.localDescription.sdp
+    finally:
+        await bad.close()
