@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The system packages the tests use (browser, broker, media tools, PostgreSQL), and a running
+# The system packages the tests use (browser, broker, media tools, PostgreSQL, a TURN relay), and a running
 # PostgreSQL with the test role and database. As root with apt: installs what is missing.
 # Otherwise: says what is missing and stops (IDOLCAST_SKIP_SYSDEPS=1 goes on; the tests that
 # need a missing part are then skipped, and listed as such at the end of the run).
 set -uo pipefail
-PKGS=(chromium mosquitto ffmpeg gstreamer1.0-tools gstreamer1.0-plugins-bad postgresql)
+PKGS=(chromium mosquitto ffmpeg gstreamer1.0-tools gstreamer1.0-plugins-bad postgresql coturn)
 PG_ROLE=${IDOLCAST_TEST_PG_ROLE:-idolcast}
 PG_DB=${IDOLCAST_TEST_PG_DB:-idolcast_test}
 
