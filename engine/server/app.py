@@ -22,8 +22,8 @@ from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
-from engine.transport.ice import register_ice_routes
 from engine.surfaces.routes import register_surfaces
+from engine.transport.ice import register_ice_routes
 from persona.http import register_routes as register_persona_routes
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,7 @@ async def offer(request: web.Request) -> web.Response:
     except EngineNotReady as e:
         raise APIError(503, str(e)) from None
     except EngineBusy as e:
-        raise APIError(
-            503, str(e), {"Retry-After": str(e.retry_after_s)}, {"resource": e.resource}
-        ) from None
+        raise APIError(503, str(e), {"Retry-After": str(e.retry_after_s)}, {"resource": e.resource}) from None
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
 
 
