@@ -8,10 +8,12 @@ CTranslate2's intra-op pools — count as ``native``). With no session open the 
 idle baseline; with sessions open and at least one of them talking, (busy − baseline) / sessions is one
 session's cost, in cores. Until enough such samples exist the cost is a prior built from the
 configuration (the stage costs measured on the 2-core machine and the H200, docs/PERFORMANCE.md), and
-the measured cost takes over in proportion to the samples it rests on. Unless ``capacity.cores`` is set,
-what other processes keep busy on the machine (``/proc/stat`` minus this process) is not available.
+the measured cost takes over in proportion to the samples it rests on. What other processes keep busy on
+the machine (``/proc/stat`` minus this process) is measured and reported, and taken off the available
+cores with ``capacity.count_other_processes`` (a shared machine). ``capacity.min_sessions`` (1) are
+always admitted.
 
-Capacity = ⌊(cores × target_utilization − others − baseline) / cost of one session⌋, at most
+Capacity = ⌊(cores × target_utilization [− others] − baseline) / cost of one session⌋, at most
 ``server.max_sessions``. Where the process has initialized CUDA, GPU memory is a second resource the
 same way (measured growth per session). A session past the capacity is refused (HTTP 503, Retry-After,
 the resource named) rather than admitted into a stream that would degrade everyone's.
@@ -63,6 +65,17 @@ class CapacityConfig(BaseModel):
         le=1.0,
         description="the measured cost is never taken below this share of the prior (quiet sessions "
         "measured during a lull must not let in more than the machine holds once they all talk)",
+    )
+    count_other_processes: bool = Field(
+        False,
+        description="take what other processes keep busy on the machine (/proc/stat) off the cores the "
+        "sessions may use (for a shared machine; always measured and reported; ignored when cores is set)",
+    )
+    min_sessions: int = Field(
+        1,
+        ge=0,
+        description="sessions always admitted whatever the estimate (under server.max_sessions): an engine "
+        "that refuses its first host serves nobody",
     )
     retry_after_s: int = Field(30, ge=1, le=3600, description="Retry-After of a refused session, seconds")
 
@@ -251,11 +264,9 @@ class CapacityMonitor:
         self._clock = clock
         self._last: tuple[float, dict[str, float]] | None = None
         self._rate: dict[str, float] = {}  # cores per stage, last sample
-        self._baseline: float | None = None
-        # Other processes' load counts against the machine's cores (not against configured ``cores``).
-        self._machine: Callable[[], float | None] = (
-            machine_busy_cores_s if config.cores is None else lambda: None
-        )
+        self._idle: deque[tuple[float, float]] = deque()  # (t, busy cores) with no session open
+        # Other processes' load on the machine: measured, and subtracted where configured to be.
+        self._machine: Callable[[], float | None] = machine_busy_cores_s
         self._last_machine: float | None = None
         self._others = 0.0
         self._baseline_gpu: float | None = None
@@ -281,30 +292,36 @@ class CapacityMonitor:
             if machine is not None and self._last_machine is not None:
                 others = max(0.0, (self._last_machine - machine) / dt - busy)
                 self._others = 0.7 * self._others + 0.3 * others  # smoothed: a one-second burst is not load
-            if n == 0:  # idle: the engine's own floor (a slow average: one busy second must not set it)
-                self._baseline = busy if self._baseline is None else 0.8 * self._baseline + 0.2 * busy
+            if n == 0:  # idle: the engine's own floor
+                self._idle.append((now, busy))
                 if gpu is not None:
                     self._baseline_gpu = gpu[0]
             elif talking > 0:
-                base = self._baseline or 0.0
+                base = self._baseline()
                 share = max(0.0, busy - base) / n
                 stages = {k: v / n for k, v in rate.items()}
                 self._loaded.append((now, share, stages))
                 if gpu is not None and self._baseline_gpu is not None:
                     self._gpu_per_session.append((now, max(0.0, gpu[0] - self._baseline_gpu) / n))
             horizon = now - self.config.history_s
-            for q in (self._loaded, self._gpu_per_session):
+            for q in (self._loaded, self._gpu_per_session, self._idle):
                 while q and q[0][0] < horizon:
                     q.popleft()
 
     # -- the estimate --
+
+    def _baseline(self) -> float:
+        """The idle engine's CPU: a low percentile of the idle samples (work that outlives a session,
+        such as a memory write-back, runs in idle seconds too and is not the floor)."""
+        idle = sorted(b for _, b in self._idle)
+        return idle[len(idle) // 5] if idle else 0.0
 
     def cpu_view(self) -> ResourceView:
         cfg = self.config
         with self._lock:
             loaded = list(self._loaded)
             rate = dict(self._rate)
-            baseline = self._baseline or 0.0
+            baseline = self._baseline()
             others = self._others
         prior = sum(self.prior.values())
         measured = _p90([s for _, s, _ in loaded]) if loaded else None
@@ -319,7 +336,8 @@ class CapacityMonitor:
         if loaded:
             keys = {k for _, _, st in loaded for k in st}
             stages = {k: sum(st.get(k, 0.0) for _, _, st in loaded) / len(loaded) for k in keys}
-        available = max(0.0, self.cores * cfg.target_utilization - others)
+        taken = others if cfg.count_other_processes and cfg.cores is None else 0.0
+        available = max(0.0, self.cores * cfg.target_utilization - taken)
         cap = max(0, int((available - baseline) / per)) if per > 0 else self.max_sessions
         return ResourceView(
             "cpu",
@@ -375,12 +393,14 @@ class CapacityMonitor:
             return Refusal("max_sessions", f"too many sessions (max {self.max_sessions})", retry)
         if not self.config.admission:
             return None
+        if open_sessions < self.config.min_sessions:
+            return None
         for view in (self.cpu_view(), self.gpu_view()):
             if view is not None and open_sessions + 1 > view.capacity:
                 return Refusal(
                     view.name,
                     f"no room for another session: {view.name} is full ({open_sessions} session(s) open; "
-                    f"{view.available:.2f} {view.unit} usable ({view.others:.2f} busy with other processes), "
+                    f"{view.available:.2f} {view.unit} usable (other processes: {view.others:.2f}), "
                     f"{view.baseline:.2f} idle baseline, "
                     f"~{view.per_session:.2f} {view.unit} per session → capacity {view.capacity})",
                     retry,

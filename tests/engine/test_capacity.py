@@ -79,7 +79,9 @@ def test_measured_cost_replaces_the_prior_and_bounds_the_capacity() -> None:
 @pytest.mark.unit
 def test_other_processes_load_is_not_available() -> None:
     sessions, talking = [0], [0]
-    m, cpu, now = _monitor(CapacityConfig(session_cpu_cores=0.5), sessions, talking)
+    m, cpu, now = _monitor(
+        CapacityConfig(session_cpu_cores=0.5, count_other_processes=True), sessions, talking
+    )
     m.cores = 4.0
     machine = [100.0]
     m._machine = lambda: machine[0]  # the machine's busy CPU seconds (all processes), scripted
@@ -93,7 +95,9 @@ def test_other_processes_load_is_not_available() -> None:
     assert view.others == pytest.approx(2.0, abs=0.01)
     assert view.capacity == 2  # ⌊(4 × 0.85 − 2.0 − 0.1) / 0.5⌋
     refusal = m.refusal(2)
-    assert refusal is not None and "busy with other processes" in refusal.message
+    assert refusal is not None and "other processes: 2.00" in refusal.message
+    m.config = CapacityConfig(session_cpu_cores=0.5)  # measured and reported, not subtracted
+    assert m.cpu_view().others == pytest.approx(2.0, abs=0.01) and m.cpu_view().capacity == 6
 
 
 @pytest.mark.unit
@@ -107,6 +111,10 @@ def test_the_cap_and_admission_off() -> None:
     off = CapacityMonitor(CapacityConfig(cores=0.5, admission=False), s, lambda: 0, lambda: 0)
     assert off.refusal(2) is None and off.refusal(3) is not None
     assert off.report()["capacity"] == 0  # still reported, not enforced
+    full = CapacityMonitor(CapacityConfig(cores=0.5), s, lambda: 0, lambda: 0)
+    assert full.refusal(0) is None  # capacity.min_sessions: the first host is always served
+    r = full.refusal(1)
+    assert r is not None and r.resource == "cpu"
 
 
 @pytest.mark.unit
