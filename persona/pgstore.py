@@ -39,6 +39,7 @@ from persona.store import Conn, Cursor, MemoryStore
 
 SCHEMA_VERSION = 1
 PRUNE_AFTER_S = 86_400.0
+PRUNE_EVERY = 100  # transactions between prunes of the change log
 _LOCK_KEY = 0x1D01CA57  # advisory lock held while the schema is created
 
 _SCHEMA = """
@@ -152,6 +153,7 @@ class PostgresMemoryStore(MemoryStore):
         self._timeout = connect_timeout
         self._wlock = threading.RLock()
         self._rlock = threading.Lock()
+        self._writes = 0
         self._pw = self._connect_pg(autocommit=False)
         self._create_schema()
         self._pr = self._connect_pg(autocommit=True)
@@ -186,7 +188,9 @@ class PostgresMemoryStore(MemoryStore):
                 self._pw.execute(
                     "UPDATE meta SET value = (CAST(value AS BIGINT) + 1)::text WHERE key = 'generation'"
                 )
-                self._maybe_prune()
+                self._writes += 1
+                if self._writes % PRUNE_EVERY == 1:  # the first write of a process, then every 100th
+                    self._maybe_prune()
 
     def _maybe_prune(self) -> None:
         cutoff = self._pw.execute(
@@ -231,7 +235,11 @@ class PostgresMemoryStore(MemoryStore):
         return int(rows[-1][0]), list(latest.items())
 
     def change_seq(self) -> int:
-        return int(self._read("SELECT COALESCE(max(seq), 0) FROM memory_changes")[0][0])
+        rows = self._read(
+            "SELECT GREATEST((SELECT COALESCE(max(seq), 0) FROM memory_changes), "
+            "(SELECT CAST(value AS BIGINT) FROM meta WHERE key = 'changes_pruned_to'))"
+        )
+        return int(rows[0][0])  # never below the pruned mark, even when the log is empty
 
     def purge(self) -> None:
         """Prune the deleted rows' tuples (VACUUM runs outside a transaction, on the reader)."""

@@ -70,6 +70,15 @@ def test_a_bank_follows_writes_of_another_bank(pg_dsn: str) -> None:
     assert two.sync() == 1 and m.id in two.index
     one.forget(m.id)
     assert two.sync() == 1 and m.id not in two.index and len(two.index) == 0
+    # a bank that fell behind a pruned change log rebuilds its index from the rows
+    kept = one.add("Ren plays the cello", subject="ren")
+    with one.store.transaction() as conn:
+        conn.execute("DELETE FROM memory_changes")  # as the day-old prune does, with everything
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'changes_pruned_to'", (str(one.store.change_seq() + 5),)
+        )
+    assert two.sync() == -1 and kept.id in two.index and len(two.index) == 1
+    assert two.sync() == 0
     one.close()
     two.close()
 
