@@ -1,9 +1,12 @@
 """Twitch chat → idolcast: read a channel's chat over Twitch IRC and publish it on the MQTT bus.
 
     python examples/twitch_bridge.py --channel mychannel [--session all] [--mqtt mqtt://127.0.0.1:1883]
+        [--mqtt-user chat] (the password from $IDOLCAST_MQTT_PASSWORD: the embedded broker's "chat" user in
+        var/secrets/mqtt_users.json)
 
 Anonymous read-only login (``justinfan…``) needs no token. Subscribers, VIPs and moderators are sent as
-``role: "member"``, the broadcaster as ``role: "host"``, everyone else as ``chat``; the engine's chat queue
+``role: "member"`` (the broadcaster too: a viewers' chat topic never carries the host role), everyone else
+as ``chat``; the engine's chat queue
 does the rest (priority, rate limits, de-duplication, moderation). Messages go to
 ``{prefix}/{session}/chat/in`` (``all`` = every open session), as documented in docs/streamer.md.
 """
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 from urllib.parse import urlparse
 
@@ -36,9 +40,11 @@ def parse_privmsg(line: str) -> dict[str, str] | None:
     _, _, text = rest.partition(" :")
     user = tags.get("display-name") or prefix.lstrip(":").split("!", 1)[0]
     badges = tags.get("badges", "")
-    if "broadcaster/" in badges:
-        role = "host"
-    elif any(b in badges for b in ("subscriber/", "vip/", "moderator/")) or tags.get("mod") == "1":
+    if (
+        "broadcaster/" in badges
+        or any(b in badges for b in ("subscriber/", "vip/", "moderator/"))
+        or tags.get("mod") == "1"
+    ):
         role = "member"
     else:
         role = "chat"
@@ -53,9 +59,12 @@ def parse_privmsg(line: str) -> dict[str, str] | None:
     }
 
 
-async def bridge(channel: str, mqtt_url: str, topic: str) -> None:
+async def bridge(channel: str, mqtt_url: str, topic: str, user: str = "chat") -> None:
     u = urlparse(mqtt_url)
-    async with aiomqtt.Client(u.hostname or "127.0.0.1", u.port or 1883) as mqtt:
+    password = os.environ.get("IDOLCAST_MQTT_PASSWORD") or None
+    async with aiomqtt.Client(
+        u.hostname or "127.0.0.1", u.port or 1883, username=user if password else None, password=password
+    ) as mqtt:
         delay = 1.0
         while True:
             try:
@@ -86,9 +95,10 @@ def main() -> None:
     p.add_argument("--session", default="all", help="session id, or 'all'")
     p.add_argument("--mqtt", default="mqtt://127.0.0.1:1883")
     p.add_argument("--prefix", default="idol")
+    p.add_argument("--mqtt-user", default="chat", help="broker user (password: $IDOLCAST_MQTT_PASSWORD)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    asyncio.run(bridge(a.channel, a.mqtt, f"{a.prefix}/{a.session}/chat/in"))
+    asyncio.run(bridge(a.channel, a.mqtt, f"{a.prefix}/{a.session}/chat/in", a.mqtt_user))
 
 
 if __name__ == "__main__":
