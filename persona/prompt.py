@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,10 +30,10 @@ from engine.llm.base import ChatMessage
 from engine.tasks import TaskOwner, cancel_and_wait
 from persona.bank import MemoryBank
 from persona.card import PersonaCard, load_card
-from persona.facts import FactExtractor, RuleFactExtractor
+from persona.facts import Fact, FactExtractor, RuleFactExtractor
 from persona.guard import ConsistencyGuard
 from persona.retrieval import Scored
-from persona.sanitize import clean_username, neutralize, normalize_text, wrap_chat
+from persona.sanitize import clean_username, is_injection, neutralize, normalize_text, wrap_chat
 from persona.store import Conn
 from persona.tokens import MESSAGE_OVERHEAD, TokenCounter, approx_tokens, truncate_to_tokens
 from persona.writeback import Exchange, ExtractiveSummarizer, Summarizer, apply_facts, store_episode
@@ -283,7 +284,7 @@ class PersonaPromptProvider:
             store_episode(self.bank, old, summary)
             return
         turn, reply, speaker, now = payload
-        facts = self.extractor.extract(turn, reply, self.card)
+        facts = [f for f in self.extractor.extract(turn, reply, self.card) if self._own_fact_ok(turn, f)]
         profile = None
         if speaker != "host":
             names = [f.text.split(" is ", 1)[-1] for f in facts if f.slot == "name" and f.subject == speaker]
@@ -293,6 +294,16 @@ class PersonaPromptProvider:
                 self.bank.store.touch_profile(conn, self.card.id, speaker, display, now)
 
         apply_facts(self.bank, facts, now, also=profile)  # one transaction, one commit per turn
+
+    def _own_fact_ok(self, turn: UserTurn, fact: Fact) -> bool:
+        """A fact about herself is kept only if she could say it as herself, and never from a turn
+        that tried to change who she is (a hostile or out-of-character line is not her memory)."""
+        if fact.kind != "self_fact":
+            return True
+        if is_injection(turn.text):
+            return False
+        first_person = re.sub(rf"^{re.escape(self.card.name)}\b", "I", fact.text)
+        return self._guard.consistent(first_person)
 
     async def flush(self) -> None:
         """Wait until every queued write-back is done (bound it with ``asyncio.timeout``)."""

@@ -91,6 +91,8 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
                     ctx.on_command(GestureCommand(t=clock.now(), name=name, source="llm"))
                 return
             timings.mark("first_chunk_text", clock.now())
+            # what the audience will hear, as the guard let it through (never the model's raw text)
+            ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": guarded})
             await chunks.put(
                 ReplyChunk(
                     t=clock.now(),
@@ -109,7 +111,6 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
             async for piece in _llm_pieces(stream):
                 timings.mark("llm_first_token", clock.now())
                 result.written += piece
-                ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": piece})
                 for c in chunker.feed(piece):
                     await emit(c.text, tuple(c.expressions), tuple(c.gestures))
             for c in chunker.flush():

@@ -84,5 +84,7 @@ async def test_switch_persona_live(card: PersonaCard, hash_bank: MemoryBank, tmp
     await p.switch_persona(str(f))
     msgs = await p.build_prompt(chat("who are you?"))
     assert msgs[0]["content"].startswith("You are Mia") and len(msgs) == 2
-    assert p.guard("My name is Aiko!") == "My name is Mia!"
+    said = p.guard("My name is Aiko!")  # her old name is now another identity: dropped, deflected
+    assert said is None or "aiko" not in said.lower()
+    assert p.guard("My name is Mia!") == "My name is Mia!"
     await p.close()
