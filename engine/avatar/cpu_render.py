@@ -211,10 +211,21 @@ class CpuRenderer:
         b = params.shape[0]
         slots = self._slots_for(b)
         damage = []
-        for i, slot in enumerate(slots):
-            boxes = self._render_slot(slot, params[i])
-            slot.serial += 1
-            damage.append(Damage(self._buffer_ids[(b, i)], slot.serial, tuple(boxes)))
+        # The features' tensors are a few thousand elements: torch's OpenMP threads cost more than they
+        # give (some ops, sqrt among them, go parallel above 2,048 elements, and on 2 busy cores each
+        # parallel region waits for a descheduled thread: 11 ms a call measured). One thread while
+        # rendering, the caller's setting back afterwards.
+        threads = torch.get_num_threads()
+        if threads != 1:
+            torch.set_num_threads(1)
+        try:
+            for i, slot in enumerate(slots):
+                boxes = self._render_slot(slot, params[i])
+                slot.serial += 1
+                damage.append(Damage(self._buffer_ids[(b, i)], slot.serial, tuple(boxes)))
+        finally:
+            if threads != 1:
+                torch.set_num_threads(threads)
         self.damage = damage
         return self._buffers[b]
 

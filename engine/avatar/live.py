@@ -127,8 +127,17 @@ class RenderPool:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
+PACKED = "packed"  # the variant a viewer asks for: colour | alpha side by side (the OBS page)
+
+
 class SessionVideo:
-    """One session's video: the animator's pose for time ``t``, rendered and composited."""
+    """One session's video: the animator's pose for time ``t``, rendered and composited.
+
+    The frame it returns is the session's own picture (plain over ``avatar.background``, or packed when
+    ``avatar.packed_alpha``). While a consumer wants the packed picture and the session's own is plain
+    (an OBS Browser Source watching a console session), each frame is also composited packed, from the
+    same render, and left in :attr:`extras` for the media tee to hand to that consumer.
+    """
 
     fps = FPS
 
@@ -144,26 +153,55 @@ class SessionVideo:
         self.config = config
         self.compensation = compensation
         self.profile: str = config.profile
-        self._compositor: Compositor | None = None
+        self._compositors: dict[bool, Compositor] = {}
+        self._wants: dict[str, int] = {}
+        self.extras: dict[str, VideoFrame] = {}  # the variants of the frame returned last
 
     def set_profile(self, profile: str) -> None:
         """Switch the output size live (models stay loaded; the encoder re-initializes on the new size)."""
         profile_size(profile)  # validates
         self.profile = profile
 
-    def _compositor_for(self, width: int, height: int) -> Compositor:
-        c = self._compositor
+    def want(self, variant: str, on: bool) -> None:
+        """A consumer starts (``on``) or stops wanting ``variant`` of every frame (counted)."""
+        if variant != PACKED:
+            raise ValueError(f"unknown video variant {variant!r} (expected {PACKED!r})")
+        n = self._wants.get(variant, 0) + (1 if on else -1)
+        if n > 0:
+            self._wants[variant] = n
+        else:
+            self._wants.pop(variant, None)
+
+    @property
+    def pictures(self) -> dict[str, tuple[int, int]]:
+        """The pictures composited from the last frame, by name ("own", "packed"), with their sizes."""
+        own = self._compositors.get(self.config.packed_alpha)
+        out = {"own": (own.out_width, own.height)} if own is not None else {}
+        if self.extras and True in self._compositors:
+            out[PACKED] = (self._compositors[True].out_width, self._compositors[True].height)
+        return out
+
+    def _compositor_for(self, width: int, height: int, packed: bool) -> Compositor:
+        c = self._compositors.get(packed)
         if c is None or (c.width, c.height) != (width, height):
-            c = self._compositor = Compositor(width, height, self.config.packed_alpha, self.config.background)
+            c = self._compositors[packed] = Compositor(width, height, packed, self.config.background)
         return c
 
     async def frame_at(self, t: float) -> VideoFrame:
         params = self.animator.params_at(t, compensation_s=self.compensation())
+        own = self.config.packed_alpha
+        packed_too = not own and PACKED in self._wants
+        extras: dict[str, VideoFrame] = {}
 
         def finish(rgba: np.ndarray, region: Region, damage: Damage | None) -> VideoFrame:
-            compositor = self._compositor_for(rgba.shape[1], rgba.shape[0])
-            # Converted here, once, in the render thread, and only what changed (not once per encoder).
-            i420 = compositor.compose(rgba, region, damage)
+            # Converted here, once per picture, in the render thread, and only what changed (not per encoder).
+            w, h = rgba.shape[1], rgba.shape[0]
+            i420 = self._compositor_for(w, h, own).compose(rgba, region, damage)
+            if packed_too:
+                packed = self._compositor_for(w, h, True).compose(rgba, region, damage)
+                extras[PACKED] = VideoFrame.from_ndarray(packed, format="yuv420p")
             return VideoFrame.from_ndarray(i420, format="yuv420p")  # a copy: the buffer is updated next frame
 
-        return await self.pool.render(self.profile, params, finish)
+        frame = await self.pool.render(self.profile, params, finish)
+        self.extras = extras
+        return frame

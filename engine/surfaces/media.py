@@ -75,8 +75,15 @@ class TeeTrack(MediaStreamTrack):
                 self._end()
                 raise
         for tap in list(self._taps):
-            tap.push(copy_frame(frame))
+            tap.push(copy_frame(self._picture(tap, frame)))
         return frame
+
+    def _picture(self, tap: TapTrack, frame: Media) -> Media:
+        """The frame in the picture ``tap`` asked for (its source's extra of the same frame), else itself."""
+        if tap.variant is None:
+            return frame
+        extras: dict[str, Media] = getattr(self.source, "extras", {})
+        return extras.get(tap.variant, frame)
 
     def primary_idle(self) -> bool:
         return asyncio.get_running_loop().time() - self._last_primary > IDLE_PRIMARY_S
@@ -88,10 +95,16 @@ class TeeTrack(MediaStreamTrack):
                 return
         await self._pull()
 
-    def tap(self, max_ms: float = 500.0) -> TapTrack:
+    def tap(self, max_ms: float = 500.0, variant: str | None = None) -> TapTrack:
+        """A new consumer; ``variant`` asks the source for another picture of each frame (video: "packed")."""
         if self._ended:
             raise MediaStreamError("the source track has ended")
-        tap = TapTrack(self, max_ms)
+        if variant is not None:
+            want = getattr(self.source, "want", None)
+            if want is None or not want(variant, True):
+                log.info("%s track: no %r picture here; the tap gets the track's own", self.kind, variant)
+                variant = None
+        tap = TapTrack(self, max_ms, variant)
         self._taps.add(tap)
         return tap
 
@@ -101,6 +114,10 @@ class TeeTrack(MediaStreamTrack):
             tap.end()
 
     def discard(self, tap: TapTrack) -> None:
+        if tap in self._taps and tap.variant is not None:
+            want = getattr(self.source, "want", None)
+            if want is not None:
+                want(tap.variant, False)
         self._taps.discard(tap)
 
     def stop(self) -> None:
@@ -112,9 +129,10 @@ class TeeTrack(MediaStreamTrack):
 class TapTrack(MediaStreamTrack):
     """An extra consumer of a :class:`TeeTrack`, with its own bounded buffer."""
 
-    def __init__(self, tee: TeeTrack, max_ms: float) -> None:
+    def __init__(self, tee: TeeTrack, max_ms: float, variant: str | None = None) -> None:
         super().__init__()
         self.kind = tee.kind
+        self.variant = variant
         self._tee: TeeTrack | None = tee
         # audio: 20 ms frames; video: only the newest frame
         self._frames: deque[Media] = deque(maxlen=max(1, int(max_ms // 20)) if tee.kind == "audio" else 1)
@@ -175,8 +193,11 @@ class SessionMedia:
         for tee in self._tees.pop(session.id, {}).values():
             tee.stop()
 
-    def tap(self, session: Session, kind: str, max_ms: float = 500.0) -> TapTrack | None:
-        """A new consumer's track of ``kind`` for the session, or None if it has none."""
+    def tap(
+        self, session: Session, kind: str, max_ms: float = 500.0, variant: str | None = None
+    ) -> TapTrack | None:
+        """A new consumer's track of ``kind`` for the session, or None if it has none; ``variant`` picks
+        another picture of the video ("packed": colour | alpha, for the OBS page)."""
         tees = self._tees.get(session.id)
         if tees is None:
             return None
@@ -190,7 +211,7 @@ class SessionMedia:
                 log.warning("session %s: video track appeared late; WHEP/RTMP share it unteed", session.id)
                 return None
         tee = tees.get(kind)
-        return tee.tap(max_ms) if tee is not None else None
+        return tee.tap(max_ms, variant if kind == "video" else None) if tee is not None else None
 
     def has_video(self, session: Session) -> bool:
         return "video" in self._tees.get(session.id, {}) or getattr(session, "video_track", None) is not None

@@ -12,7 +12,7 @@ Routes (all JSON errors through :mod:`engine.server.errors`; ``{sid}`` may be ``
     POST   /api/whip                            WHIP: a new session whose mic is the pushed audio
     POST   /api/sessions/{sid}/whip             WHIP: push audio into an existing session
     DELETE /api/whip/{id}   PATCH → 405
-    POST   /api/sessions/{sid}/whep             WHEP: pull the session's audio (+ video)
+    POST   /api/sessions/{sid}/whep             WHEP: pull the session's audio (+ video; ?alpha=packed: colour|alpha)
     DELETE /api/whep/{id}   PATCH → 405
     POST|GET|DELETE /api/sessions/{sid}/rtmp    start ({"url"?}) / status / stop RTMP egress
 """
@@ -154,7 +154,10 @@ async def whip_delete(request: web.Request) -> web.Response:
 async def whep_new(request: web.Request) -> web.Response:
     hub = _hub(request)
     session = _session(request)
-    viewer, sdp = await hub.whep.answer(session, await read_offer(request))
+    alpha = request.query.get("alpha")
+    if alpha not in (None, "packed"):
+        raise APIError(400, f"alpha={alpha!r}: expected 'packed' (colour | alpha side by side) or nothing")
+    viewer, sdp = await hub.whep.answer(session, await read_offer(request), video=alpha)
     return answer_response(sdp, f"/api/whep/{viewer.id}", hub.engine.settings.server.ice_servers)
 
 

@@ -46,7 +46,9 @@ class WHEPServer:
     def count(self, session_id: str) -> int:
         return sum(1 for v in self.viewers.values() if v.session_id == session_id)
 
-    async def answer(self, session: Session, sdp: str) -> tuple[Viewer, str]:
+    async def answer(self, session: Session, sdp: str, video: str | None = None) -> tuple[Viewer, str]:
+        """A viewer of ``session``; ``video="packed"`` asks for colour | alpha side by side (the OBS page)
+        while the session's own picture stays as configured."""
         if self.count(session.id) >= self.max_viewers:
             raise APIError(503, f"too many viewers of session '{session.id}' (max {self.max_viewers})")
         pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
@@ -63,7 +65,7 @@ class WHEPServer:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind not in ("audio", "video"):
                     continue
-                track = self.media.tap(session, transceiver.kind, max_ms=400.0)
+                track = self.media.tap(session, transceiver.kind, max_ms=400.0, variant=video)
                 if track is not None:
                     pc.addTrack(track)
                     viewer.tracks.append(track)

@@ -22,6 +22,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import VideoFrame
 
 from engine.clock import Clock
+from engine.transport import encoders
 from engine.transport.send_delay import SendDelay
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class IdolVideoTrack(MediaStreamTrack):
 
     def __init__(self, clock: Clock, source: FrameSource, render_ahead_s: float = 0.02) -> None:
         super().__init__()
+        encoders.install()  # this track's encoder (and every other session's) shares the cores by one policy
         self.clock = clock
         self.source = source
         self.render_ahead_s = render_ahead_s
@@ -50,6 +52,16 @@ class IdolVideoTrack(MediaStreamTrack):
         self.dropped = 0
         self.sent = 0
         self.send_delay = SendDelay()
+        self.extras: dict[str, VideoFrame] = {}  # other pictures of the frame returned last (see want)
+
+    def want(self, variant: str, on: bool) -> bool:
+        """Ask the source for another picture of every frame (e.g. "packed" for the OBS page), or stop;
+        False when the source makes none (its consumers then get the frame itself)."""
+        want = getattr(self.source, "want", None)
+        if want is None:
+            return False
+        want(variant, on)
+        return True
 
     @property
     def fps(self) -> int:
@@ -71,11 +83,14 @@ class IdolVideoTrack(MediaStreamTrack):
             t = self._t0 + self._index / fps
         await self.clock.sleep_until(t - self.render_ahead_s)
         frame = await self.source.frame_at(t)
+        extras: dict[str, VideoFrame] = dict(getattr(self.source, "extras", {}))
         await self.clock.sleep_until(t)
         self._index += 1
         self.sent += 1
-        frame.pts = round(t * VIDEO_CLOCK)
-        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        for f in (frame, *extras.values()):
+            f.pts = round(t * VIDEO_CLOCK)
+            f.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        self.extras = extras
         now = self.clock.now()
         self.send_delay.returned(now, now - t)
         return frame

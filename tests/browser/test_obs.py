@@ -1,8 +1,8 @@
-"""The OBS page in a real Chromium: a packed-alpha stream recombined on a transparent canvas.
+"""The OBS page in a real Chromium, default configuration: transparent out of the box.
 
-Until the avatar's video track lands, the session gets a synthetic track in the same packed format
-(colour | alpha side by side, yuv420p) so the whole path — session video → media tap → WHEP → WebGL —
-runs for real. When ``session.video_track`` exists the real one is used instead.
+The session's own picture stays plain (``avatar.packed_alpha`` off, as shipped); the page, a WHEP viewer,
+asks for the packed picture (colour | alpha side by side) on its own tap and recombines it on a transparent
+WebGL canvas. The whole path runs for real: render → I420 → media tap → WHEP → VP8 → WebGL.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ async def test_obs_page_is_transparent_where_the_idol_is_not(
     launch: Any, surface_models: EngineModels
 ) -> None:
     settings = base_settings()
-    settings.avatar.enabled = True  # the real character, packed colour|alpha
-    settings.avatar.packed_alpha = True
+    settings.avatar.enabled = True  # the real character; avatar.packed_alpha and the rest as shipped
+    assert settings.avatar.packed_alpha is False
     settings.avatar.profile = "360p"
     async with live_server(settings, surface_models) as server:
         assert server.engine.render_pool is not None
@@ -58,5 +58,8 @@ async def test_obs_page_is_transparent_where_the_idol_is_not(
                 " document.getElementById('video').videoWidth]"
             )
             assert size[2] == 2 * size[0], size
+            # while the session's own picture (what the console shows) stays plain
+            video = server.engine.sessions[host.session_id].video_track.source.source  # type: ignore[attr-defined]
+            assert video.pictures == {"own": (640, 360), "packed": (1280, 360)}, video.pictures
         finally:
             await host.close()

@@ -2,6 +2,9 @@
 //   ?session=latest|ID   whose stream to show (WHEP viewer; default: the newest session)
 //   ?own=1               open a session of its own instead (no mic; chat and MQTT drive it)
 //   ?mode=auto|packed|chroma|plain  ?key=#00ff00 ?similarity=0.3 ?smoothness=0.1  ?audio=0  ?status=0
+// mode=auto: transparent out of the box. As a WHEP viewer the page asks for the packed picture (colour | alpha)
+// on its own track, whatever the session's own picture is; with ?key=… it keys out that colour instead; with
+// ?own=1 it follows avatar.packed_alpha (its session's only picture).
 import { api, newPeer, resolveSession, waitIceGathering, whepView } from "/web/shared/api.js";
 import { AlphaRenderer, parseHexColour } from "/web/shared/packed.js";
 
@@ -37,7 +40,8 @@ async function connect() {
     status("connecting…");
     const options = await api("/api/surfaces/options");
     let mode = params.get("mode") || "auto";
-    if (mode === "auto") mode = params.has("key") ? "chroma" : options.packed_alpha ? "packed" : "plain";
+    const own = params.get("own") === "1";
+    if (mode === "auto") mode = params.has("key") ? "chroma" : (!own || options.packed_alpha) ? "packed" : "plain";
     if (!state.renderer) {
       state.renderer = new AlphaRenderer($("canvas"), $("video"), {
         mode,
@@ -46,12 +50,16 @@ async function connect() {
         smoothness: parseFloat(params.get("smoothness") || "0.1"),
       });
     }
-    if (params.get("own") === "1") {
+    if (own) {
       state.conn = await ownSession();
       state.session = state.conn.session;
     } else {
       state.session = await resolveSession(params.get("session"));
-      state.conn = await whepView(state.session, { onTrack, token: params.get("token") || undefined });
+      state.conn = await whepView(state.session, {
+        onTrack,
+        token: params.get("token") || undefined,
+        alpha: mode === "packed" ? "packed" : undefined,
+      });
     }
     const pc = state.conn.pc;
     pc.onconnectionstatechange = () => {

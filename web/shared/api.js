@@ -59,7 +59,7 @@ export function waitIceGathering(pc, ms = 3000) {
 }
 
 // WHEP (draft-ietf-wish-whep): POST an offer as application/sdp, 201 + Location, DELETE to end.
-export async function whepView(session, { onTrack, token } = {}) {
+export async function whepView(session, { onTrack, token, alpha } = {}) {
   const pc = await newPeer();
   pc.addTransceiver("audio", { direction: "recvonly" });
   pc.addTransceiver("video", { direction: "recvonly" });
@@ -68,7 +68,8 @@ export async function whepView(session, { onTrack, token } = {}) {
   await waitIceGathering(pc);
   const headers = { "Content-Type": "application/sdp" };
   if (token) headers.Authorization = `Bearer ${token}`;
-  const r = await fetch(`/api/sessions/${session}/whep`, { method: "POST", headers, body: pc.localDescription.sdp });
+  const query = alpha ? `?alpha=${encodeURIComponent(alpha)}` : "";
+  const r = await fetch(`/api/sessions/${session}/whep${query}`, { method: "POST", headers, body: pc.localDescription.sdp });
   if (r.status !== 201) {
     pc.close();
     let msg = `WHEP refused (${r.status})`;

@@ -1,0 +1,106 @@
+"""Video encoder threads: one policy for every session's encoder, so that they do not fight for the cores.
+
+aiortc's VP8 encoder picks its thread count from the frame size and ``multiprocessing.cpu_count()`` alone
+(2 threads at 720p on 3+ cores, 3 above 1280×960 on 6+, 8 at 1080p on 9+), whatever else runs. With many
+sessions that oversubscribes the machine: on the H200 host's 16 cores, 16 concurrent VP8 720p encoders
+fell from ~1,200 frames/s in total (8 streams) to ~530 (docs/PERFORMANCE.md). The policy here:
+
+* the cores are the ones this process may run on (``os.sched_getaffinity``), less ``reserve`` (the render
+  thread, the voice pipeline);
+* each encoder gets aiortc's own choice for its frame size, capped at ``cores // live encoders`` and at
+  least 1: one session may use several threads, many sessions one each, and all of them together never
+  more threads than cores (until there are more encoders than cores: then one each).
+
+:func:`install` applies it to aiortc's VP8 encoder (the codec browsers negotiate first): the number is
+read when an encoder (re)opens its codec, i.e. at the first frame and on a size or bitrate change, so a
+session that joins later makes the next encoders smaller, not the running ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def aiortc_threads(pixels: int, cores: int) -> int:
+    """aiortc's own VP8 choice (``aiortc.codecs.vpx.number_of_threads``), restated: the policy's ceiling."""
+    if pixels >= 1920 * 1080 and cores > 8:
+        return 8
+    if pixels > 1280 * 960 and cores >= 6:
+        return 3
+    if pixels > 640 * 480 and cores >= 3:
+        return 2
+    return 1
+
+
+def encoder_threads(pixels: int, encoders: int, cores: int) -> int:
+    """Threads for one of ``encoders`` concurrent encoders of ``pixels``-pixel frames on ``cores`` cores."""
+    share = max(1, cores // max(1, encoders))
+    return max(1, min(aiortc_threads(pixels, cores), share))
+
+
+class EncoderPolicy:
+    """Counts the live video encoders and answers each one's thread count."""
+
+    def __init__(self, cores: int | None = None, reserve: int = 0) -> None:
+        self.cores = max(1, (cores if cores is not None else available_cores()) - reserve)
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def register(self, encoder: Any) -> None:
+        with self._lock:
+            self._live.add(encoder)
+
+    @property
+    def live(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def threads(self, pixels: int) -> int:
+        return encoder_threads(pixels, self.live, self.cores)
+
+
+_installed: EncoderPolicy | None = None
+
+
+def install(policy: EncoderPolicy | None = None) -> EncoderPolicy:
+    """Make aiortc's VP8 encoders take their thread count from ``policy`` (idempotent; returns the one in
+    force). Each new ``Vp8Encoder`` registers itself; ``number_of_threads`` answers from the policy."""
+    global _installed
+    from aiortc.codecs import vpx
+
+    if _installed is not None and policy is None:
+        return _installed
+    active = policy or EncoderPolicy()
+    if _installed is None:
+        original_init = vpx.Vp8Encoder.__init__
+
+        def init(self: Any) -> None:
+            original_init(self)
+            if _installed is not None:
+                _installed.register(self)
+
+        vpx.Vp8Encoder.__init__ = init  # type: ignore[method-assign]
+
+        def number_of_threads(pixels: int, cpus: int) -> int:
+            return _installed.threads(pixels) if _installed is not None else aiortc_threads(pixels, cpus)
+
+        vpx.number_of_threads = number_of_threads
+    _installed = active
+    log.info("video encoders: up to %d threads in total", active.cores)
+    return active
+
+
+__all__ = ["EncoderPolicy", "aiortc_threads", "available_cores", "encoder_threads", "install"]

@@ -1,0 +1,43 @@
+"""The video encoders' thread policy, and that aiortc's VP8 encoder follows it."""
+
+from __future__ import annotations
+
+import fractions
+
+import numpy as np
+import pytest
+from aiortc.codecs import vpx
+from av import VideoFrame
+
+from engine.transport.encoders import EncoderPolicy, aiortc_threads, encoder_threads, install
+
+pytestmark = pytest.mark.unit
+
+P720, P1080 = 1280 * 720, 1920 * 1080
+
+
+def test_threads_never_oversubscribe_the_cores() -> None:
+    assert encoder_threads(P720, 1, 2) == 1  # this machine: aiortc's own choice is already 1
+    assert encoder_threads(P720, 1, 16) == aiortc_threads(P720, 16) == 2
+    assert encoder_threads(P1080, 1, 16) == 8
+    assert encoder_threads(P1080, 4, 16) == 4
+    for cores in (2, 4, 16, 64):
+        for n in range(1, 3 * cores):
+            t = encoder_threads(P1080, n, cores)
+            assert t >= 1
+            assert n * t <= max(cores, n), (cores, n, t)
+
+
+def test_aiortc_vp8_encoder_takes_the_policy() -> None:
+    policy = install(EncoderPolicy(cores=16))
+    try:
+        encoders = [vpx.Vp8Encoder() for _ in range(4)]
+        assert policy.live >= 4
+        frame = VideoFrame.from_ndarray(np.zeros((1080 * 3 // 2, 1920), np.uint8), format="yuv420p")
+        frame.pts, frame.time_base = 0, fractions.Fraction(1, 90000)
+        encoders[0].encode(frame)
+        assert encoders[0].codec is not None
+        assert encoders[0].codec.thread_count == encoder_threads(P1080, policy.live, 16) <= 4
+        del encoders
+    finally:
+        install(EncoderPolicy())
