@@ -245,3 +245,14 @@ def test_binding_beyond_loopback_refuses_without_a_usable_credential(
     settings.server.secrets_dir = str(tmp_path)
     assert serve(settings) == 1
     assert "at least 16" in capsys.readouterr().err
+
+
+async def test_the_event_socket_needs_a_credential(door: str) -> None:
+    ws_url = door.replace("http", "ws") + "/api/sessions/latest/events"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(ws_url)
+        assert refused.value.status == 401
+        with pytest.raises(aiohttp.WSServerHandshakeError) as missing:  # past the door: no session yet
+            await http.ws_connect(ws_url, headers=HOST)
+        assert missing.value.status == 404

@@ -82,3 +82,22 @@ async def test_metrics_and_page_are_served(bare_url: str) -> None:
             assert r.status == 200 and "idolcast_sessions" in await r.text()
         async with http.get(f"{bare_url}/") as r:
             assert r.status == 200 and "idolcast" in await r.text()
+
+
+async def test_deeply_nested_json_is_400_not_500(bare_url: str) -> None:
+    deep = b"[" * 1500 + b"]" * 1500  # past the parser's recursion limit, inside the 4 KB body limit
+    nested_object = b'{"text": ' + b"[" * 1200 + b"]" * 1200 + b"}"
+    async with aiohttp.ClientSession(headers=AUTH | JSON) as http:
+        for path in (
+            "/api/offer",
+            "/api/sessions/x/say",
+            "/api/sessions/x/chat",
+            "/api/tokens",
+            "/api/memory",
+        ):
+            for body in (deep, nested_object):
+                async with http.post(f"{bare_url}{path}", data=body) as r:
+                    assert r.status in (400, 404, 501), (path, r.status)  # never 500
+                    assert r.status != 500
+        async with http.post(f"{bare_url}/api/offer", data=deep) as r:
+            assert r.status == 400 and "nested too deeply" in (await r.json())["error"]
