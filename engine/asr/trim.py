@@ -6,7 +6,8 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 FRAME_S = 0.02  # silence detection frame
-SILENCE_RMS = 0.003  # about -50 dBFS: quieter than this is silence
+SILENCE_RMS = 0.0005  # about -66 dBFS: quieter than this is silence (a quiet host's mic peaks near -50 dBFS:
+# at the old -50 dBFS floor her whole question was trimmed away, and silero still heard speech: an unanswered turn)
 RELATIVE_RMS = 0.03  # ... and so is anything 30 dB below the loudest frame
 MIN_LOUD_S = 0.08  # less loud audio than this is not worth a decode
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.bench.voices import BY_NAME, STYLES, VoiceStyle, apply_style, noise_bed, synthesis_scale
 from engine.config import Settings
 from engine.native import preload_native_modules
 from engine.progress import ConsoleProgress
@@ -66,6 +67,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sl-min-fps", type=int, default=27, help="--find-capacity: fps in every 1 s window")
     p.add_argument("--sl-max-unanswered", type=int, default=0, help="--find-capacity: unanswered turns")
+    p.add_argument(
+        "--voices",
+        default="plain",
+        help="the hosts' voices: 'plain' (the Piper voice as it is), 'varied' (fast, slow, high, low, quiet, "
+        "loud, noisy... in turn: engine/bench/voices.py), or comma-separated style names",
+    )
+    p.add_argument(
+        "--turn-end",
+        action="store_true",
+        help="judge the end of turn on a labelled set of finished and cut-off utterances (no server)",
+    )
     p.add_argument("--render", action="store_true", help="frame-generation ms per frame per backend")
     p.add_argument("--memory", action="store_true", help="persona memory bank recall and search latency")
     p.add_argument("--backends", help="--render: comma-separated backends (default: all available)")
@@ -83,6 +95,13 @@ def run_bench(args: argparse.Namespace, settings: Settings) -> int:
         from persona.bench import run_memory_bench_cli
 
         return run_memory_bench_cli(args, settings)
+    if args.turn_end:
+        from engine.bench.turn_end import run_turn_end_bench, turn_end_table
+
+        preload_native_modules()
+        report = asyncio.run(run_turn_end_bench(settings))
+        print(json.dumps(report, indent=2) if args.json else turn_end_table(report))
+        return 0
     preload_native_modules()
     if args.browser_jitter:
         report = asyncio.run(_browser_jitter(args))
@@ -140,21 +159,42 @@ def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[
     if args.wavs:
         for text, path in load_questions(args.wavs):
             questions.append(Question(text, _with_silence(read_wav(str(path)))))
-    tts = load_tts(settings.tts, ConsoleProgress())
+    styles = host_styles(args.voices)
+    plain = load_tts(settings.tts, ConsoleProgress())
+    voices: dict[float, Any] = {1.0: plain}
 
-    async def synth(text: str) -> Question:
-        s = await tts.synthesize(text)
-        return Question(text, _with_silence(s.pcm))
+    async def synth(text: str, style: VoiceStyle, seed: int = 0) -> Question:
+        scale = round(synthesis_scale(style), 3)
+        if scale not in voices:
+            cfg = settings.tts.model_copy(update={"length_scale": settings.tts.length_scale * scale})
+            voices[scale] = await asyncio.to_thread(load_tts, cfg, ConsoleProgress())
+        s = await voices[scale].synthesize(text)
+        pcm = apply_style(s.pcm, style, seed)
+        spoken = _with_silence(pcm)
+        return Question(text, spoken + noise_bed(len(spoken), style, pcm, seed))
 
     async def all_synth() -> tuple[list[Question], tuple[Question, Question]]:
         out = list(questions)
         i = 0
         while len(out) < args.turns and not args.wavs:
-            out.append(await synth(DEFAULT_QUESTIONS[i % len(DEFAULT_QUESTIONS)]))
+            out.append(await synth(DEFAULT_QUESTIONS[i % len(DEFAULT_QUESTIONS)], styles[i % len(styles)], i))
             i += 1
-        return out, (await synth(BARGE_IN_PROMPT), await synth(BARGE_IN_QUESTION))
+        return out, (await synth(BARGE_IN_PROMPT, styles[0]), await synth(BARGE_IN_QUESTION, styles[0]))
 
     return asyncio.run(all_synth())
+
+
+def host_styles(spec: str) -> list[VoiceStyle]:
+    """``--voices``: 'plain', 'varied' (every style in turn) or style names."""
+    if spec == "plain":
+        return [BY_NAME["plain"]]
+    if spec == "varied":
+        return list(STYLES)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown or not names:
+        raise SystemExit(f"--voices: unknown style(s) {unknown} (known: plain, varied, {', '.join(BY_NAME)})")
+    return [BY_NAME[n] for n in names]
 
 
 def _free_port() -> int:

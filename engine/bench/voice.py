@@ -37,6 +37,26 @@ DEFAULT_QUESTIONS = (
     "What is your favorite season?",
     "Can you sing a little song?",
     "What makes you happy?",
+    "Tell me a joke about cats.",
+    "Which one do you like better, cats or dogs?",
+    "Can you recommend a good book to read?",
+    "What do you think about pineapple on pizza?",
+    "How did you sleep last night?",
+    "What was the last movie you watched?",
+    "Say hello to everyone in the chat.",
+    "What is the best snack for a long stream?",
+    "Do you have a favorite animal?",
+    "What should I name my new puppy?",
+    "Is it going to rain tomorrow?",
+    "What is your dream job?",
+    "Can you count to five in Japanese?",
+    "What hobby should I try this winter?",
+    "Do you prefer mornings or evenings?",
+    "What is the funniest word you know?",
+    "How do you stay so cheerful?",
+    "What would you cook for dinner tonight?",
+    "Which city has the best food?",
+    "What are you going to do this weekend?",
 )
 BARGE_IN_PROMPT = "Please tell me a long story about a dragon who loves to sing."
 BARGE_IN_QUESTION = "Wait, stop for a second."
@@ -60,6 +80,7 @@ class TurnResult:
     stages_ms: dict[str, float] = field(default_factory=dict)
     timestamps: dict[str, Any] = field(default_factory=dict)
     barge_in_stop_ms: float | None = None
+    unanswered: str = ""  # why no reply came (the engine heard no words, or nothing within the limit)
     reply: str = ""
     reply_window: tuple[float, float] | None = None  # receiver clock: first loud → quiet
     # Same host only (both clocks are time.monotonic()): the client's end of speech → the engine's, and
@@ -152,14 +173,21 @@ class EngineConnection:
         shift = self.engine_origin - self.clock.origin
         return next((ti + shift for ti in self.interrupts if ti + shift >= t), None)
 
-    async def wait_event(self, kind: str, limit_s: float) -> dict[str, Any]:
+    async def wait_event(self, kind: str, limit_s: float, *, or_unanswered: bool = False) -> dict[str, Any]:
+        """The next ``kind`` event; with ``or_unanswered`` also the engine's word that it heard speech but
+        recognised nothing (an empty ``final`` with ``unanswered``). TimeoutError after ``limit_s``."""
         deadline = self.clock.now() + limit_s
         while True:
             remaining = deadline - self.clock.now()
             if remaining <= 0:
                 raise TimeoutError(f"no '{kind}' event within {limit_s:.0f}s")
-            ev = await asyncio.wait_for(self.events.get(), remaining)
-            if ev.get("type") == kind:
+            try:
+                ev = await asyncio.wait_for(self.events.get(), remaining)
+            except TimeoutError:
+                raise TimeoutError(f"no '{kind}' event within {limit_s:.0f}s") from None
+            if ev.get("type") == kind or (
+                or_unanswered and ev.get("type") == "final" and ev.get("unanswered")
+            ):
                 return ev
 
     async def say(self, text: str) -> None:
@@ -198,7 +226,17 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     clip = conn.mic.play(q.pcm)
     await clip.done.wait()
     assert clip.sent_end is not None
-    completed = await conn.wait_event("turn_completed", limit_s)
+    try:
+        completed = await conn.wait_event("turn_completed", limit_s, or_unanswered=True)
+    except TimeoutError as e:
+        result.unanswered = str(e)
+    else:
+        if completed["type"] == "final":
+            result.unanswered = f"the engine recognised no words ({completed['unanswered']})"
+    if result.unanswered:
+        log.warning("turn unanswered: %r: %s", q.text, result.unanswered)
+        await _settle(conn)
+        return result
     timings = completed["timings"]
     result.transcript = timings.get("user_text", "")
     result.reply = completed.get("played_text", "")
@@ -319,12 +357,15 @@ async def run_voice_bench(
     finally:
         await conn.close()
     v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
+    unanswered = [{"question": t.question, "why": t.unanswered} for t in turns if t.unanswered]
     video = video_report(conn, [t.reply_window for t in turns if t.reply_window is not None])
     wer = word_error_rate([q.text for q in questions], [t.transcript for t in turns])
     stage_names = sorted({k for t in turns for k in t.stages_ms})
     return {
         "session_id": conn.session_id,
         "voice_to_voice_ms": summarize(v2v),
+        "unanswered": len(unanswered),
+        "unanswered_turns": unanswered,
         "barge_in_stop_ms": summarize(stops),
         "barge_in_rounds_not_counted": barge_skipped,
         "client_jitter_frames": client_jitter_frames,

@@ -5,8 +5,11 @@ the probability it gives its end-of-turn marker right after them, in the convers
 (system prompt, history, memory notes), so the evaluated prefix is the one the reply goes on from. A
 finished utterance ("What is your favorite color?", "Tell me a joke.") scores high and ends the turn after
 ``vad.end_of_turn_finished_ms`` of silence; one that trails off ("so the thing about my brother is")
-scores near zero and gets the whole ``vad.end_of_turn_silence_ms``. Measured on a labelled set of
-synthesized utterances (``idolcast bench --turn-end``; docs/PERFORMANCE.md).
+scores near zero and gets the whole ``vad.end_of_turn_silence_ms``. The bundled 135M model leans on
+Whisper's punctuation, which Whisper also puts after cut-off words ("Where would you?"), so words that
+end on a dangling function word ("... and", "... the", "... could") never count as finished whatever
+the score. Measured on a labelled set of synthesized utterances (``idolcast bench --turn-end``;
+docs/PERFORMANCE.md): the combination made fewer false early ends than either signal alone.
 
 Backends that cannot score (an OpenAI-compatible server) fall back to punctuation: a transcript ending in
 ``?`` or ``!`` counts as finished (``vad.turn_detector = "punctuation"`` forces that rule).
@@ -15,6 +18,7 @@ Backends that cannot score (an OpenAI-compatible server) fall back to punctuatio
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -27,6 +31,89 @@ from engine.vad.config import VADConfig
 log = logging.getLogger(__name__)
 
 FINISHED_ENDINGS = ("?", "!")  # the punctuation rule's finished transcripts
+# Words an English sentence does not end on: articles, conjunctions, prepositions, auxiliaries, ...
+DANGLING = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "so",
+        "because",
+        "if",
+        "when",
+        "that",
+        "is",
+        "are",
+        "was",
+        "were",
+        "to",
+        "of",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "about",
+        "my",
+        "your",
+        "his",
+        "her",
+        "their",
+        "our",
+        "could",
+        "would",
+        "should",
+        "can",
+        "will",
+        "do",
+        "does",
+        "did",
+        "have",
+        "has",
+        "had",
+        "be",
+        "been",
+        "like",
+        "really",
+        "then",
+        "than",
+        "as",
+        "from",
+        "by",
+        "into",
+        "what",
+        "which",
+        "who",
+        "where",
+        "how",
+        "why",
+        "i",
+        "we",
+        "they",
+        "he",
+        "she",
+        "just",
+        "maybe",
+        "um",
+        "uh",
+        "this",
+        "these",
+        "those",
+        "very",
+    ]
+)
+_WORD = re.compile(r"[a-z']+")
+
+
+def ends_dangling(text: str) -> bool:
+    """True when the last word is one a sentence does not end on (the words trail off)."""
+    words = _WORD.findall(text.lower())
+    return bool(words) and words[-1] in DANGLING
+
+
 Method = Literal["llm", "punctuation", "off"]
 
 
@@ -74,7 +161,9 @@ class TurnEndDetector:
             messages = await self.prompt.build_prompt(turn)
             p = await self.llm.end_of_turn_probability(messages, cache_key=self.cache_key)
             ms = (time.perf_counter() - start) * 1000
-            return TurnEndDecision(p >= self.config.end_of_turn_threshold, "llm", p, ms)
+            finished = p >= self.config.end_of_turn_threshold and not ends_dangling(turn.text)
+            return TurnEndDecision(finished, "llm", p, ms)
         if self.method == "punctuation":
-            return TurnEndDecision(turn.text.rstrip().endswith(FINISHED_ENDINGS), "punctuation")
+            finished = turn.text.rstrip().endswith(FINISHED_ENDINGS) and not ends_dangling(turn.text)
+            return TurnEndDecision(finished, "punctuation")
         return TurnEndDecision(False, "off")

@@ -11,7 +11,7 @@ import pytest
 from engine.asr import load_asr
 from engine.asr.config import ASRConfig
 from engine.asr.faster_whisper import FasterWhisperASR, FasterWhisperStream
-from engine.asr.wer import corpus_wer, normalize_words
+from engine.asr.wer import corpus_wer, normalize_words, word_error_rate
 from tests.conftest import speech_16k
 
 pytestmark = pytest.mark.integration
@@ -161,3 +161,18 @@ def test_cuda_device_transcribes() -> None:
         assert normalize_words(decode.text) == normalize_words(QUESTIONS[0])
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("peak_dbfs", [-45.0, -50.0])
+async def test_a_quiet_host_is_transcribed_not_trimmed_away(asr: FasterWhisperASR, peak_dbfs: float) -> None:
+    """A quiet microphone (peaks near -50 dBFS): silero hears speech, so the ASR must make out the words
+    (the old -50 dBFS trim floor cut the whole question away: an unanswered turn)."""
+    from engine.vad.silero import VoiceActivityDetector
+
+    audio = padded(QUESTIONS[0], tail=1.0)
+    quiet = (audio / np.abs(audio).max() * 10 ** (peak_dbfs / 20)).astype(np.float32)
+    assert any(type(e).__name__ == "VADSpeechStarted" for e in VoiceActivityDetector().feed(quiet, 0.0))
+    stream = asr.new_stream()
+    stream.append(quiet)
+    text = (await stream.final()).text
+    assert text and word_error_rate([QUESTIONS[0]], [text]) <= 0.5, text  # words, if not all of them

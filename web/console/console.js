@@ -93,7 +93,12 @@ function addLine(cls, text) {
 function onEvent(ev) {
   switch (ev.type) {
     case "partial": $("partial").textContent = ev.text; break;
-    case "final": if (!ev.text) $("partial").textContent = ""; break;
+    case "final":
+      if (!ev.text) {
+        $("partial").textContent = "";
+        if (ev.unanswered) addLine("system", "(heard speech, no words: say it again?)");
+      }
+      break;
     case "user_turn":
       $("partial").textContent = "";
       addLine(ev.source === "chat" ? "chat" : "host", ev.source === "chat" ? `${ev.speaker}: ${ev.text}` : ev.text);
