@@ -59,13 +59,15 @@ async def test_find_capacity_is_what_the_engine_admits_and_the_next_session_is_r
         monkeypatch.setenv("IDOLCAST_TOKEN", server.token)  # what the bench's clients present
         before = await engine_capacity(server.url, server.token)
         assert before is not None and before["bounded_by"] == "cpu" and before["capacity"] == 2
-        # A lenient latency bound: this checks admission, not the 2-core latency (`idolcast bench` does).
-        level = ServiceLevel(p95_factor=3.0)
+        # An absolute, lenient latency bound: this checks admission, not the 2-core latency (`idolcast bench`
+        # measures that; two overlapping turns share one ASR final worker and one LLM here, and the machine
+        # is shared: 1.5x the single-session P95 breaks on its own at times, see docs/PERFORMANCE.md).
+        level = ServiceLevel(v2v_p95_ms=15000.0)
         report = await find_capacity(
             server.url, questions, level, max_sessions=4, with_video=False, stagger_s=1.0, token=server.token
         )
         cap = report["capacity"]
-        assert cap["largest_n_held"] == 2, cap["steps"]
+        assert cap["largest_n_held"] == 2, [(st["sessions"], st["broken"]) for st in cap["steps"]]
         last = cap["steps"][-1]
         assert last["sessions"] == 3 and not last["held"]
         assert last["pooled"]["refused"] == 1 and "cpu is full" in last["pooled"]["refusals"][0]
@@ -158,7 +160,7 @@ async def test_fifty_sessions_opened_and_closed_leave_nothing_behind(server: Liv
         await one_round()
     rss1, threads1, tasks1 = await settled(baseline=tasks0)
     assert not server.engine.sessions
-    assert threads1 <= threads0 + 2, (threads0, threads1)
-    assert tasks1 <= tasks0 + 2, (tasks0, tasks1)
+    assert threads1 <= threads0 + 2, (threads0, threads1, sorted(t.name for t in threading.enumerate()))
+    assert tasks1 <= tasks0 + 2, (tasks0, tasks1, sorted(t.get_name() for t in asyncio.all_tasks()))
     # 50 sessions of a leaked peer or VAD state each would be ≥ 50 MiB; allocator slack stays under 40
     assert rss1 - rss0 < 40.0, (rss0, rss1)
