@@ -20,6 +20,7 @@ from engine.server.credentials import Credentials
 from engine.server.engine import Engine, EngineBusy, EngineNotReady
 from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
+from engine.server.openapi import openapi
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.routes import register_surfaces
@@ -198,6 +199,7 @@ def create_app(
     app.router.add_get("/api/capacity", capacity)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
     register_auth_routes(app)
+    app.router.add_get("/api/openapi.json", openapi)
     register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
     register_surfaces(app, engine, app[PEERS_KEY])
     register_ice_routes(app, settings.server)
