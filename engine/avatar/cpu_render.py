@@ -151,7 +151,7 @@ class _Group:
             return 1.0
         return min(max(float(pc[INDEX["arm_wave"]]) * 3.0, 0.0), 1.0)
 
-    def warp(self, canvas: np.ndarray, m: Affine, to: Box) -> np.ndarray:
+    def warp(self, canvas: np.ndarray, m: Affine, to: Box, dst: np.ndarray | None = None) -> np.ndarray:
         """The canvas under ``m`` for the frame pixels ``to`` (uint8 premultiplied ``[h, w, 4]``).
 
         grid_sample's convention, in continuous coordinates (pixel i's centre at i + 0.5):
@@ -169,6 +169,7 @@ class _Group:
             canvas,
             inv,
             (to[2], to[3]),
+            dst=dst,
             flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
             borderMode=cv2.BORDER_CONSTANT,
             borderValue=(0, 0, 0, 0),
@@ -184,6 +185,8 @@ class CpuRenderer:
         self.generator = generator
         self.width, self.height = generator.width, generator.height
         self.static = _u8(generator.static[0])
+        # summed-area table of "static art here": a box of it empty is drawn into directly, not laid over
+        self._static_sat = cv2.integral((self.static[..., 3] > 0).astype(np.uint8))
         self.groups = [_Group(layer) for layer in generator.groups]
         self._buffers: dict[int, np.ndarray] = {}
         self._slots: dict[int, list[_Slot]] = {}
@@ -310,21 +313,37 @@ class CpuRenderer:
             )
         return acc
 
+    def _static_empty(self, box: Box) -> bool:
+        x, y, w, h = box
+        sat = self._static_sat
+        return int(sat[y + h, x + w] - sat[y, x + w] - sat[y + h, x] + sat[y, x]) == 0
+
     def _redraw(self, slot: _Slot, box: Box) -> None:
         x, y, w, h = box
         tile = slot.frame[y : y + h, x : x + w]
         tile[:] = self.static[y : y + h, x : x + w]
+        drawn: list[Box] = []  # what groups cover in this tile so far
         for g, st in zip(self.groups, slot.groups, strict=True):
             if st.reach is None or st.motion is None:
                 continue
             sub = intersect(st.reach, box)
             if sub is None:
                 continue
-            top = g.warp(st.canvas, st.motion, sub)
-            if st.visible < 1.0:
-                top = cv2.convertScaleAbs(top, alpha=st.visible)
             sx, sy = sub[0] - x, sub[1] - y
-            over(tile[sy : sy + sub[3], sx : sx + sub[2]], top)
+            dst = tile[sy : sy + sub[3], sx : sx + sub[2]]
+            fresh = (
+                st.visible >= 1.0
+                and self._static_empty(sub)
+                and all(intersect(d, sub) is None for d in drawn)
+            )
+            if fresh:  # nothing under it: warp straight into the frame
+                g.warp(st.canvas, st.motion, sub, dst)
+            else:
+                top = g.warp(st.canvas, st.motion, sub)
+                if st.visible < 1.0:
+                    top = cv2.convertScaleAbs(top, alpha=st.visible)
+                over(dst, top)
+            drawn.append(sub)
 
 
 __all__ = ["CpuRenderer", "Damage", "intersect", "merge_boxes", "over", "union"]
