@@ -200,6 +200,7 @@ class ConsistencyGuard:
         """A new reply starts."""
         self._tail = ""
         self._held = ""
+        self._dropping = False
         self._deflected = False
 
     # ---- checks -----------------------------------------------------------------------
@@ -283,8 +284,13 @@ class ConsistencyGuard:
         norm = normalize_text(text)
         sentences = _SENTENCE.split(norm)
         kept: list[str] = []
+        dropped_last = False
         for i, sentence in enumerate(sentences):
             probe = sentence
+            if i == 0 and self._dropping:  # the rest of a sentence already refused goes too
+                dropped_last = True
+                continue
+            dropped_last = False
             if i == 0 and self._tail:
                 joined = f"{self._tail} {sentence}"
                 new_break = self._identity_break(joined) and not self._identity_break(self._tail)
@@ -295,10 +301,13 @@ class ConsistencyGuard:
                     kept.append(next(self._deflections))
                     self._deflected = True
                     self.stats["deflected"] += 1
+                dropped_last = True
                 continue
             if self._taboo(probe):
+                dropped_last = True
                 continue
             kept.append(sentence)
+        self._dropping = dropped_last and not _ENDS_SENTENCE.search(norm)
         out = self._style(" ".join(kept))
         self._tail = (self._tail + " " + out)[-self.tail_chars :] if out else self._tail
         if not out:

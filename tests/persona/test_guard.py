@@ -130,6 +130,11 @@ def test_identity_break_split_across_chunks(card: PersonaCard) -> None:
     assert second in load_card("builtin:default").deflections
     # one deflection per reply, later breaks are dropped
     assert guard.check("As an AI, I can't sing.") is None
+    # the rest of a refused sentence, arriving in the next chunk, is refused with it
+    guard.reset()
+    first = guard.check("Hi chat! My name is Joe, from Ohio, and")
+    assert first is not None and "joe" not in first.lower()
+    assert guard.check("a friendly guy with a beard. Anyway, welcome!") == "Anyway, welcome!"
     # and a held fragment that turns out fine is spoken whole
     guard.reset()
     assert guard.check("Okay! I hate all") is None
