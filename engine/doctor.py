@@ -52,6 +52,10 @@ def describe_access(settings: Settings) -> list[str]:
         lines = [f"host token: {token}  ({path}; send as Authorization: Bearer, or paste as #token=)"]
     else:
         lines = [f"host token: made on the first start, into {path}"]
+    mqtt_users = Path(server.secrets_dir) / "mqtt_users.json"
+    if settings.mqtt.enabled and settings.mqtt.url == "embedded":
+        made = "made" if mqtt_users.exists() else "made on the first start"
+        lines.append(f"MQTT users host and chat: passwords {made} in {mqtt_users}")
     where = "this machine only" if is_loopback(server.host) else "THE NETWORK: every request needs a token"
     lines.append(f"listening on {server.host}:{server.port} ({where})")
     return lines

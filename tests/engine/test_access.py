@@ -256,3 +256,16 @@ async def test_the_event_socket_needs_a_credential(door: str) -> None:
         with pytest.raises(aiohttp.WSServerHandshakeError) as missing:  # past the door: no session yet
             await http.ws_connect(ws_url, headers=HOST)
         assert missing.value.status == 404
+
+
+def test_doctor_shows_the_host_token_and_where_it_lives(tmp_path: Path) -> None:
+    from engine.doctor import describe_access
+
+    settings = load_settings(environ={})
+    settings.server.secrets_dir = str(tmp_path)
+    assert "made on the first start" in describe_access(settings)[0]
+    token, _ = load_or_create_host_token(tmp_path)
+    lines = describe_access(settings)
+    assert token in lines[0] and str(tmp_path / "host_token") in lines[0]
+    settings.server.host = "0.0.0.0"
+    assert "THE NETWORK" in describe_access(settings)[-1]
