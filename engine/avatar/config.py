@@ -14,5 +14,9 @@ class AvatarConfig(BaseModel):
         description="output size; 'auto' = 720p with a CUDA GPU or 8+ cores, 360p on smaller CPU machines",
     )
     articulation_lead_ms: float = Field(20.0, ge=-100, le=200, description="lips lead the sound by this")
-    packed_alpha: bool = Field(False, description="send colour|alpha side by side for OBS transparency")
+    packed_alpha: bool = Field(
+        False,
+        description="the session's own picture is colour|alpha side by side (the OBS page gets that on its own "
+        "WHEP tap without this; needed for ?own=1 and for other players that recombine it)",
+    )
     background: str = Field("#00000000", description="RGBA hex background when not packing alpha")
