@@ -32,6 +32,7 @@ from engine.session.session import Session
 from engine.surfaces.config import RTMPConfig
 from engine.surfaces.media import SessionMedia
 from engine.tasks import TaskOwner, cancel_and_wait
+from engine.transport import encoders
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,9 @@ class RTMPStreamer:
             vs.bit_rate = cfg.video_bitrate_kbps * 1000
             gop = max(1, round(cfg.keyframe_interval_s * cfg.fps))
             vs.codec_context.gop_size = gop
+            policy = encoders.install()  # the same thread policy as the sessions' VP8 encoders
+            policy.register(self)
+            vs.codec_context.thread_count = policy.threads(cfg.width * cfg.height)
             vs.codec_context.options = {
                 "preset": cfg.preset,
                 "tune": "zerolatency",

@@ -13,7 +13,9 @@ fell from ~1,200 frames/s in total (8 streams) to ~530 (docs/PERFORMANCE.md). Th
 
 :func:`install` applies it to aiortc's VP8 encoder (the codec browsers negotiate first): the number is
 read when an encoder (re)opens its codec, i.e. at the first frame and on a size or bitrate change, so a
-session that joins later makes the next encoders smaller, not the running ones.
+session that joins later makes the next encoders smaller, not the running ones. The RTMP egress's libx264
+(``engine/surfaces/rtmp.py``) registers and asks too. aiortc's own H.264 encoder sets no thread count
+(libx264 then takes 1.5 × the cores): not covered yet.
 """
 
 from __future__ import annotations
