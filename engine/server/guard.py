@@ -221,6 +221,8 @@ def make_guard(
             response.headers["Access-Control-Allow-Origin"] = origin or ""
             response.headers["Vary"] = "Origin"
         wanted = BOOTSTRAP.get(request.path) if bootstrap and request.method == "GET" else None
+        if wanted == "viewer" and request.path.startswith("/obs") and request.query.get("own") == "1":
+            wanted = "host"  # the OBS page that opens a session of its own (24/7 chat-driven streams)
         if (
             wanted is not None
             and response.status == 200

@@ -197,6 +197,9 @@ async def test_console_bootstrap_cookie_is_same_origin_only(door: str) -> None:
         assert answer == {"scope": "viewer"}
         status, _ = await send(http, "POST", door + "/api/memory", {"text": "x"})
         assert status == 403
+        async with http.get(door + "/obs/?own=1") as r:  # the OBS page opening its own session
+            assert r.cookies["idolcast_host"].value == TOKEN
+        jar.clear()
         async with http.get(door + "/console/") as r:
             assert r.cookies["idolcast_host"].value == TOKEN
         status, answer = await send(
