@@ -1,7 +1,7 @@
 """How long Piper takes for a reply's first chunk, by ONNX Runtime threads and chunk length, alone and while
 the LLM decodes on the same cores (as it does: the model writes the rest of the reply meanwhile).
 
-    .venv/bin/python scripts/tts_first_chunk.py [--repeats 8]
+    .venv/bin/python scripts/tts_first_chunk.py [--repeats 8] [--threads 1,2] [--llm-threads 1,2]
 """
 
 from __future__ import annotations
@@ -39,16 +39,21 @@ def decode_forever(llm: object, stop: threading.Event) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=8)
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", default="1,2", help="Piper's ONNX Runtime threads to try")
+    ap.add_argument("--llm-threads", default="1,2", help="llama.cpp decode threads to try beside it")
     args = ap.parse_args()
     settings = load_settings(environ={})
-    llm = load_llm(settings.llm.model_copy(update={"max_new_tokens": 200}), silent_progress)
+    llms = {
+        n: load_llm(settings.llm.model_copy(update={"max_new_tokens": 200, "threads": n}), silent_progress)
+        for n in [int(t) for t in args.llm_threads.split(",")]
+    }
     for threads in [int(t) for t in args.threads.split(",")]:
         tts = load_piper(settings.tts.model_copy(update={"threads": threads}), silent_progress)
-        for busy in (False, True):
+        for busy in (0, *llms):
+            llm = llms.get(busy)
             stop = threading.Event()
             worker = threading.Thread(target=decode_forever, args=(llm, stop), daemon=True)
-            if busy:
+            if llm is not None:
                 worker.start()
                 time.sleep(1.0)
             for words, text in CHUNKS.items():
@@ -58,11 +63,11 @@ def main() -> None:
                     tts.synthesize_blocking(text)
                     ms.append((time.perf_counter() - t0) * 1000)
                 print(
-                    f"tts.threads {threads}  llm decoding: {'yes' if busy else 'no ':<3}  {words} words  "
+                    f"tts.threads {threads}  llm decoding on: {busy or '-'} threads  {words} words  "
                     f"median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
                 )
             stop.set()
-            if busy:
+            if llm is not None:
                 worker.join(5)
         tts.close()
 

@@ -203,6 +203,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send it SIGTERM when its parent (the bench) exits."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def engine_process(args: argparse.Namespace) -> Iterator[str]:
     """Start ``idolcast serve`` on a free port and wait until its models are loaded."""
@@ -215,7 +224,8 @@ def engine_process(args: argparse.Namespace) -> Iterator[str]:
     scratch = tempfile.TemporaryDirectory(prefix="idolcast-bench-")
     env.setdefault("IDOLCAST_PERSONA__MEMORY_DB", os.path.join(scratch.name, "memory.sqlite3"))
     env.setdefault("IDOLCAST_MQTT__EMBEDDED_PORT", str(mqtt_port))  # beside a running engine's broker
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr)  # keep our stdout for the report
+    # keep our stdout for the report; the engine dies with the bench, however the bench ends (even SIGKILL)
+    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
