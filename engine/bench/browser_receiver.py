@@ -10,9 +10,7 @@ to the same size (``--client-jitter-frames``) and report latency as a browser vi
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
-import urllib.request
 import wave
 from pathlib import Path
 from typing import Any
@@ -50,15 +48,13 @@ def _silent_wav(path: Path, seconds: float = 120.0) -> None:
         w.writeframes(b"\x00\x00" * int(16000 * seconds))
 
 
-def _say(url: str, session: str, text: str) -> None:
-    req = urllib.request.Request(
-        f"{url}/api/sessions/{session}/say",
-        data=json.dumps({"text": text}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=10):
-        pass
+SAY_JS = """async ([session, text]) => {
+  // from the page itself: its same-origin host cookie is the credential, as the console's is
+  const r = await fetch(`/api/sessions/${session}/say`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ text }),
+  });
+  if (!r.ok) throw new Error(`say refused: ${r.status} ${await r.text()}`);
+}"""
 
 
 async def measure_browser_jitter(
@@ -90,7 +86,7 @@ async def measure_browser_jitter(
                     error = await page.text_content("#error")
                     raise RuntimeError(f"the talk page did not connect: {error!r}") from None
                 for text in prompts:
-                    await asyncio.to_thread(_say, url, session, text)
+                    await page.evaluate(SAY_JS, [session, text])
                     await asyncio.sleep(reply_wait_s)
                 stats = await page.evaluate(STATS_JS)
             finally:
