@@ -21,7 +21,11 @@ class ASRConfig(BaseModel):
         description="local tokenizer folder for a 'random:*' model (decodes its ids to text); unused otherwise",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    compute_type: str = Field("default", description="CTranslate2 compute type (int8, float16, ...)")
+    compute_type: str = Field(
+        "auto",
+        description="CTranslate2 compute type (int8, float16, default, ...); 'auto' = int8 on the CPU (tiny.en: "
+        "155 ms a question instead of 347 ms on one core here, the same WER), the model's own on CUDA",
+    )
     language: str = "en"
     beam_size: int = Field(1, ge=1, le=10)
     window_s: float = Field(

@@ -140,9 +140,12 @@ class WhisperDecoder:
     ) -> WhisperDecoder:
         """Load a CTranslate2 Whisper folder on ``device`` ('auto', 'cpu' or 'cuda'); ``workers``
         decodes may run at once (each with ``cpu_threads`` threads)."""
+        device = resolve_device(device)
+        if compute_type == "auto":
+            compute_type = "int8" if device == "cpu" else "default"
         model = WhisperModel(
             path,
-            device=resolve_device(device),
+            device=device,
             compute_type=compute_type,
             cpu_threads=cpu_threads or default_threads(),
             num_workers=workers,

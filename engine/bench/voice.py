@@ -80,6 +80,7 @@ class TurnResult:
     stages_ms: dict[str, float] = field(default_factory=dict)
     timestamps: dict[str, Any] = field(default_factory=dict)
     barge_in_stop_ms: float | None = None
+    turn_end: dict[str, Any] | None = None  # the engine's end-of-turn judgement (finished, p, method)
     unanswered: str = ""  # why no reply came (the engine heard no words, or nothing within the limit)
     reply: str = ""
     reply_window: tuple[float, float] | None = None  # receiver clock: first loud → quiet
@@ -241,6 +242,7 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     result.transcript = timings.get("user_text", "")
     result.reply = completed.get("played_text", "")
     result.stages_ms = timings.get("relative_ms", {})
+    result.turn_end = timings.get("turn_end")
     result.timestamps = {
         k: timings.get(k)
         for k in (

@@ -32,8 +32,14 @@ class LLMConfig(BaseModel):
     threads: int = Field(
         0,
         ge=0,
-        description="CPU threads for inference; 0 = auto (llama.cpp: all cores up to 4; transformers: 1 on a "
-        "2-core machine, half the cores above)",
+        description="CPU threads for inference; 0 = auto (llama.cpp decode: half the cores, 1 to 4; "
+        "transformers: 1 on a 2-core machine, half the cores above)",
+    )
+    prefill_threads: int = Field(
+        0,
+        ge=0,
+        description="llama.cpp: CPU threads for prefill (prompt) batches; 0 = auto (all cores up to 4). "
+        "`threads` is then the decode threads",
     )
     context_size: int = Field(
         2048,

@@ -54,22 +54,36 @@ from engine.progress import Progress, silent_progress
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 64  # tokens per prefill forward: the stop flag is checked between chunks
+# After this many reply tokens (the first chunk's words and some) the decode thread lowers its own priority:
+# the rest of the reply has a whole chunk of audio to arrive in, while the first chunk's synthesis and the
+# video frames are due now (on two cores they all want the same CPU).
+URGENT_TOKENS = 10
+BACKGROUND_NICE = 10
 TAKE_WAIT_S = 10.0  # a call waits this long for a context when every one is busy
 SAMPLING_OPTIONS = frozenset(
     {"max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
 )
 
 
-def llama_threads(setting: int) -> int:
-    """Threads for llama.cpp: the setting, or all cores up to 4 (a decode step is memory-bound and
-    short; it shares the cores with TTS and the renderer, which run between its steps)."""
-    if setting > 0:
-        return setting
+def _cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+        return os.cpu_count() or 1
+
+
+def decode_threads(setting: int) -> int:
+    """llama.cpp's decode threads: the setting, or half the cores (1 to 4). A decode step is memory-bound
+    and the reply's first chunk is being synthesized meanwhile: on 2 cores Piper took 85 ms for 4 words beside
+    a 1-thread decode and 100 ms beside a 2-thread one (scripts/tts_first_chunk.py, docs/PERFORMANCE.md),
+    and the renderer and the encoder need that core too."""
+    return setting if setting > 0 else max(1, min(4, _cores() // 2))
+
+
+def prefill_threads(setting: int) -> int:
+    """llama.cpp's prefill (prompt batch) threads: the setting, or all cores up to 4 (short bursts that the
+    first token waits for)."""
+    return setting if setting > 0 else max(1, min(4, _cores()))
 
 
 def gguf_path(source: ModelSource) -> Path:
@@ -145,7 +159,8 @@ class LlamaCppLLM:
         self.source = resolve_source(self.config.model)
         self.path = gguf_path(self.source)
         check_gguf(self.path)
-        self.threads = llama_threads(self.config.threads)
+        self.threads = decode_threads(self.config.threads)
+        self.prefill_threads = prefill_threads(self.config.prefill_threads)
         progress("llm", f"loading {self.path.name} with llama.cpp ({self.threads} threads)", 0.0)
         start = time.perf_counter()
         try:
@@ -155,7 +170,7 @@ class LlamaCppLLM:
                 n_batch=PREFILL_CHUNK,
                 n_ubatch=PREFILL_CHUNK,
                 n_threads=self.threads,
-                n_threads_batch=self.threads,
+                n_threads_batch=self.prefill_threads,
                 use_mmap=True,
                 logits_all=False,
                 verbose=False,
@@ -213,7 +228,8 @@ class LlamaCppLLM:
     def describe(self) -> str:
         return (
             f"llama.cpp {self.source.label or self.path.name} (cpu, GGUF {self.path.name}, {self.threads} "
-            f"threads, {self.config.contexts} conversation contexts of {self.n_ctx} positions)"
+            f"decode / {self.prefill_threads} prefill threads, {self.config.contexts} conversation contexts "
+            f"of {self.n_ctx} positions)"
         )
 
     def with_options(self, **changes: Any) -> LlamaCppLLM:
@@ -398,6 +414,8 @@ class LlamaCppLLM:
                 if not chan.put(piece):
                     stats.stop_reason = "cancelled"
                     break
+            if step == URGENT_TOKENS:
+                _lower_priority()
             if step == cfg.max_new_tokens - 1 or chan.stop.is_set():
                 if chan.stop.is_set():
                     stats.stop_reason = "cancelled"
@@ -441,6 +459,17 @@ class LlamaCppLLM:
         x = logits - logits.max()
         p = np.exp(x)
         return float(p[marker[0]] / p.sum())
+
+
+def _lower_priority() -> None:
+    """Raise this worker thread's niceness (Linux: per thread; a thread of its own per call, so nothing needs
+    restoring). Lowering a priority needs no privilege; where it fails nothing changes."""
+    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE))
+        except OSError:
+            pass
 
 
 class _Held:

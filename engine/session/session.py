@@ -103,6 +103,7 @@ class _Utterance:
     ended: bool = False  # the end of the turn was detected: no more partials, too late for an early reply
     early: _EarlyReply | None = None
     turn_end: TurnEndDecision | None = None  # the latest pause's judgement of the words so far
+    turn_end_t: float = 0.0  # when it was made (clock time)
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -512,7 +513,7 @@ class Session:
         log.debug("turn end: %r -> %s", settled.text, decision)
         if not utt.paused or utt.ended or utt.stream.settled() is None:
             return  # speech came back (or the turn ended) while it was scored
-        utt.turn_end = decision
+        utt.turn_end, utt.turn_end_t = decision, self.clock.now()
         finished_ms = self.settings.vad.end_of_turn_finished_ms
         if decision.finished and finished_ms:
             vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
@@ -531,6 +532,16 @@ class Session:
                 self.bus.publish(
                     {"type": "partial", "text": tr.text, "stable": tr.stable_text, "t": self.clock.now()}
                 )
+                if not self._speaking() and not utt.paused and not utt.ended:
+                    await self._warm_turn(tr.text)
+
+    async def _warm_turn(self, words: str) -> None:
+        """The LLM evaluates the host's words so far while she talks (an optimization: failures only log)."""
+        turn = UserTurn(t=self.clock.now(), text=words, source="voice", speaker="host", turn_id=0)
+        try:
+            await TurnEndDetector(self.settings.vad, self.models.llm, self.prompt, self.id).warm(turn)
+        except Exception as e:
+            log.debug("warming the turn's words failed: %r", e)
 
     async def _finalize(self, utt: _Utterance, speech_end: float, eot: float) -> None:
         final = await utt.stream.final()
@@ -566,7 +577,8 @@ class Session:
         timings = self._active[turn.turn_id]
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
         if utt.turn_end is not None:
-            timings.turn_end = utt.turn_end.to_dict()
+            decided = round((utt.turn_end_t - speech_end) * 1000, 1)
+            timings.turn_end = utt.turn_end.to_dict() | {"decided_after_speech_end_ms": decided}
         self._announce(turn)
         self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
         if early is not None:

@@ -159,11 +159,21 @@ class TurnEndDetector:
         start = time.perf_counter()
         if self.method == "llm" and isinstance(self.llm, TurnEndScorer):
             messages = await self.prompt.build_prompt(turn)
+            built = time.perf_counter()
             p = await self.llm.end_of_turn_probability(messages, cache_key=self.cache_key)
             ms = (time.perf_counter() - start) * 1000
+            log.debug("turn end: prompt %.0f ms, score %.0f ms, p %.3f", (built - start) * 1e3, ms, p)
             finished = p >= self.config.end_of_turn_threshold and not ends_dangling(turn.text)
             return TurnEndDecision(finished, "llm", p, ms)
         if self.method == "punctuation":
             finished = turn.text.rstrip().endswith(FINISHED_ENDINGS) and not ends_dangling(turn.text)
             return TurnEndDecision(finished, "punctuation")
         return TurnEndDecision(False, "off")
+
+    async def warm(self, turn: UserTurn) -> None:
+        """While the host is still talking: put her words so far (a partial transcript) into the
+        conversation's context, so the score at the pause, and the reply after it, prefill only the words
+        that came since (~100 ms of prefill saved on two cores). Nothing is decided."""
+        if self.method == "llm" and isinstance(self.llm, TurnEndScorer):
+            messages = await self.prompt.build_prompt(turn)
+            await self.llm.end_of_turn_probability(messages, cache_key=self.cache_key)

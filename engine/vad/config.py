@@ -11,7 +11,11 @@ class VADConfig(BaseModel):
         0.15, ge=0.0, le=0.5, description="speech goes on until the probability drops below threshold - this"
     )
     pause_ms: int = Field(
-        96, ge=32, le=2000, description="silence that counts as a pause (the moment to speculate the decode)"
+        64,
+        ge=32,
+        le=2000,
+        description="silence that counts as a pause: the moment to decode speculatively and judge the words "
+        "(the decision has to be in before end_of_turn_finished_ms to help)",
     )
     end_of_turn_silence_ms: int = Field(
         400, ge=100, le=5000, description="silence after speech that ends the host's turn"
