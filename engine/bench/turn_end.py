@@ -184,12 +184,14 @@ def turn_end_table(r: dict[str, Any]) -> str:
         f"LLM scoring: p50 {r['llm_score_ms']['p50']} ms, p95 {r['llm_score_ms']['p95']} ms",
         f"{'detector':<30} {'accuracy':>8} {'finished ok':>12} {'false early':>12}",
     ]
-    for t, s in r["llm"].items():
+    rows = [(f"llm p >= {t}", x) for t, x in r["llm"].items()]
+    rows += [(f"engine: p >= {t}, no dangling", x) for t, x in r["llm_and_not_dangling"].items()]
+    rows += [
+        ("punctuation (? !)", r["punctuation"]),
+        ("punctuation, no dangling", r["punctuation_and_not_dangling"]),
+    ]
+    for name, x in rows:
         lines.append(
-            f"{'llm p >= ' + t:<22} {s['accuracy']:>8} {s['finished_recognised']:>12} {s['false_early_ends']:>12}"
+            f"{name:<30} {x['accuracy']:>8} {x['finished_recognised']:>12} {x['false_early_ends']:>12}"
         )
-    s = r["punctuation"]
-    lines.append(
-        f"{'punctuation (? !)':<22} {s['accuracy']:>8} {s['finished_recognised']:>12} {s['false_early_ends']:>12}"
-    )
     return "\n".join(lines)
