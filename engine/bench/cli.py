@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -146,6 +147,7 @@ def _with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 1.5) 
 
 
 def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[Any], Any]:
+    from engine.bench.peer import speech_bounds
     from engine.bench.voice import (
         BARGE_IN_PROMPT,
         BARGE_IN_QUESTION,
@@ -171,7 +173,10 @@ def build_questions(args: argparse.Namespace, settings: Settings) -> tuple[list[
         s = await voices[scale].synthesize(text)
         pcm = apply_style(s.pcm, style, seed)
         spoken = _with_silence(pcm)
-        return Question(text, spoken + noise_bed(len(spoken), style, pcm, seed))
+        # where the speech is, read on the same voice without its level, clipping or noise
+        clean = apply_style(s.pcm, dataclasses.replace(style, peak_dbfs=-3.0, noise_snr_db=None, clip=False))
+        bounds = speech_bounds(_with_silence(clean))
+        return Question(text, spoken + noise_bed(len(spoken), style, pcm, seed), bounds)
 
     async def all_synth() -> tuple[list[Question], tuple[Question, Question]]:
         out = list(questions)

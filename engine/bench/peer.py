@@ -53,8 +53,10 @@ class QuestionTrack(MediaStreamTrack):
         self._t0: float | None = None
         self._frames = 0
 
-    def play(self, pcm: np.ndarray) -> Clip:
-        start, end = speech_bounds(pcm)
+    def play(self, pcm: np.ndarray, bounds: tuple[int, int] | None = None) -> Clip:
+        """Queue ``pcm``; ``bounds`` (samples) says where its speech is, when its level cannot (a quiet or
+        noisy host: the speech's end is then measured on the clean voice, not on the noise)."""
+        start, end = bounds if bounds is not None else speech_bounds(pcm)
         clip = Clip(pcm.astype(np.int16), start, end)
         self._clips.append((clip, 0))
         return clip

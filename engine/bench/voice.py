@@ -70,6 +70,7 @@ MIN_REACTION_MS = 60.0
 class Question:
     text: str
     pcm: np.ndarray  # int16 mono 48 kHz
+    bounds: tuple[int, int] | None = None  # where the speech is (samples), if its level cannot tell
 
 
 @dataclass
@@ -224,7 +225,7 @@ def _drain(q: asyncio.Queue[dict[str, Any]]) -> None:
 async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> TurnResult:
     result = TurnResult(question=q.text)
     _drain(conn.events)
-    clip = conn.mic.play(q.pcm)
+    clip = conn.mic.play(q.pcm, q.bounds)
     await clip.done.wait()
     assert clip.sent_end is not None
     try:
