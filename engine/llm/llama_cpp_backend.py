@@ -43,10 +43,10 @@ from engine.llm.streaming import (
     END_OF_TURN_TOKENS,
     PREWARM_MIN_TOKENS,
     CallStats,
-    Detokenizer,
     PieceChannel,
     WorkerStream,
     run_stoppable,
+    sample_reply,
 )
 from engine.llm.turn_end import split_at_last_message
 from engine.progress import Progress, silent_progress
@@ -393,34 +393,18 @@ class LlamaCppLLM:
     def _sample(self, c: _Context, logits: np.ndarray, chan: PieceChannel, stats: CallStats) -> None:
         cfg = self.config
         sampler = Sampler(cfg.temperature, cfg.top_p, cfg.repetition_penalty, cfg.no_repeat_ngram_size)
-        detok = Detokenizer(self._decode)
-        reply: list[int] = []
-        stats.stop_reason = "max_new_tokens"
-        for step in range(cfg.max_new_tokens):
-            token = sampler.pick(logits, reply)
-            if stats.first_token_s is None:
-                stats.first_token_s = time.perf_counter() - stats.started
-            reply.append(token)
-            stats.reply_ids.append(token)
-            stats.generated_tokens += 1
+
+        def counted(step: int) -> None:
             self.generated_tokens += 1
-            if token in self.stop_ids:
-                stats.stop_reason = "eos"
-                break
-            piece = detok.push(token)
-            if piece:
-                if stats.ttft_s is None:
-                    stats.ttft_s = time.perf_counter() - stats.started
-                if not chan.put(piece):
-                    stats.stop_reason = "cancelled"
-                    break
             if step == URGENT_TOKENS:
                 _lower_priority()
-            if step == cfg.max_new_tokens - 1 or chan.stop.is_set():
-                if chan.stop.is_set():
-                    stats.stop_reason = "cancelled"
-                break
-            logits = c.feed([token])
+
+        def feed(token: int) -> np.ndarray:
+            return c.feed([token])
+
+        sample_reply(
+            logits, sampler.pick, feed, self._decode, self.stop_ids, cfg.max_new_tokens, chan, stats, counted
+        )
 
     def _prewarm(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> int:
         if key is None:

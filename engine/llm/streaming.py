@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+L = TypeVar("L")  # a backend's logits row (torch tensor, numpy array)
 
 WORKER_JOIN_S = 5.0  # aclose waits this long at most (a stop lands within one forward pass)
 CHANNEL_PIECES = 32  # text pieces the worker may run ahead of the consumer
@@ -159,6 +161,50 @@ class Detokenizer:
         piece = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return piece
+
+
+def sample_reply(
+    logits: L,
+    pick: Callable[[L, list[int]], int],
+    feed: Callable[[int], L],
+    decode: Callable[[list[int]], str],
+    stop_ids: Collection[int],
+    max_new_tokens: int,
+    chan: PieceChannel,
+    stats: CallStats,
+    on_token: Callable[[int], None] | None = None,
+) -> None:
+    """The decode loop every in-process backend runs: ``pick(logits, reply)`` samples the next token,
+    ``feed(token)`` puts it into the cache and returns the next logits; text pieces go to ``chan`` until an
+    end token, ``max_new_tokens`` or a stop. ``on_token(step)`` runs after each token is counted."""
+    detok = Detokenizer(decode)
+    reply: list[int] = []
+    stats.stop_reason = "max_new_tokens"
+    for step in range(max_new_tokens):
+        token = pick(logits, reply)
+        if stats.first_token_s is None:
+            stats.first_token_s = time.perf_counter() - stats.started
+        reply.append(token)
+        stats.reply_ids.append(token)
+        stats.generated_tokens += 1
+        if on_token is not None:
+            on_token(step)
+        if token in stop_ids:
+            stats.stop_reason = "eos"
+            break
+        piece = detok.push(token)
+        if piece:
+            if stats.ttft_s is None:
+                stats.ttft_s = time.perf_counter() - stats.started
+            if not chan.put(piece):
+                stats.stop_reason = "cancelled"
+                break
+        if step == max_new_tokens - 1:
+            break
+        if chan.stop.is_set():
+            stats.stop_reason = "cancelled"
+            break
+        logits = feed(token)
 
 
 async def run_stoppable(pool: Executor | None, job: Callable[[threading.Event], Any]) -> Any:

@@ -39,10 +39,10 @@ from engine.llm.streaming import (
     END_OF_TURN_TOKENS,
     PREWARM_MIN_TOKENS,
     CallStats,
-    Detokenizer,
     PieceChannel,
     WorkerStream,
     run_stoppable,
+    sample_reply,
 )
 from engine.llm.turn_end import split_at_last_message
 from engine.llm.workers import warmed_pool
@@ -473,41 +473,23 @@ class TransformersLLM:
         cfg = self.config
         procs = self._processors()
         greedy = cfg.temperature == 0
-        detok = Detokenizer(self._decode)
-        reply: list[int] = []
-        stats.stop_reason = "max_new_tokens"
-        for step in range(cfg.max_new_tokens):
+
+        def pick(logits: torch.Tensor, reply: list[int]) -> int:
             if self.logit_bias is not None:
                 logits = logits + self.logit_bias
             # Penalties look at the reply only: the prompt holds the persona, names and the
             # template's own markers, which the reply must stay free to repeat.
             logits = procs(torch.tensor([reply], dtype=torch.long, device=logits.device), logits)
             if greedy:
-                token = int(torch.argmax(logits, dim=-1))
-            else:
-                token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1))
-            if stats.first_token_s is None:
-                stats.first_token_s = time.perf_counter() - stats.started
-            reply.append(token)
-            stats.reply_ids.append(token)
-            stats.generated_tokens += 1
+                return int(torch.argmax(logits, dim=-1))
+            return int(torch.multinomial(torch.softmax(logits, dim=-1), 1))
+
+        def counted(step: int) -> None:
             self.generated_tokens += 1
-            if token in self.stop_ids:
-                stats.stop_reason = "eos"
-                break
-            piece = detok.push(token)
-            if piece:
-                if stats.ttft_s is None:
-                    stats.ttft_s = time.perf_counter() - stats.started
-                if not chan.put(piece):
-                    stats.stop_reason = "cancelled"
-                    break
-            if step == cfg.max_new_tokens - 1:
-                break
-            if chan.stop.is_set():
-                stats.stop_reason = "cancelled"
-                break
-            logits = feed(token)
+
+        sample_reply(
+            logits, pick, feed, self._decode, self.stop_ids, cfg.max_new_tokens, chan, stats, counted
+        )
 
     # ---- the CUDA-graph path ------------------------------------------------------------
 
