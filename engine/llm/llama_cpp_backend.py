@@ -200,6 +200,7 @@ class LlamaCppLLM:
             self.llama._ctx, self.llama._batch, self.n_vocab, PREFILL_CHUNK, last_used=time.monotonic()
         )
         self._contexts: list[_Context] = [first]
+        self._growing = 0  # contexts being created (outside the lock)
         # Cumulative counters over all calls (the worker threads update them).
         self.prefilled_tokens = 0
         self.reused_tokens = 0
@@ -287,8 +288,7 @@ class LlamaCppLLM:
         """The context for ``key``: its own, else a free one (new while under ``llm.contexts``, else the
         least recently used); waits while every one is busy. None once ``stop`` is set or after
         ``TAKE_WAIT_S``."""
-        deadline = time.monotonic() + TAKE_WAIT_S
-        grow = False
+        deadline = time.monotonic() + TAKE_WAIT_S  # a worker thread's own timeout, not media time
         with self._lock:
             while True:
                 mine = next((c for c in self._contexts if key is not None and c.key == key), None)
@@ -297,8 +297,9 @@ class LlamaCppLLM:
                     return mine
                 if mine is None:
                     free = [c for c in self._contexts if not c.busy]
-                    if len(self._contexts) < self.config.contexts and not any(c.key is None for c in free):
-                        grow = True
+                    room = len(self._contexts) + self._growing < self.config.contexts
+                    if room and not any(c.key is None for c in free):
+                        self._growing += 1  # reserved: two calls growing at once stay within the limit
                         break
                     if free:
                         c = min(free, key=lambda c: (c.key is not None, c.last_used))
@@ -308,13 +309,17 @@ class LlamaCppLLM:
                 if stop.is_set() or time.monotonic() >= deadline:
                     return None
                 self._lock.wait(0.05)
-        if grow:  # outside the lock: creating a context allocates its buffers
+        try:  # only a reserved growth gets here; outside the lock: a context allocates its buffers
             c = self._new_context()
-            c.busy, c.key = True, key
+        except BaseException:
             with self._lock:
-                self._contexts.append(c)
-            return c
-        return None  # pragma: no cover
+                self._growing -= 1
+            raise
+        c.busy, c.key = True, key
+        with self._lock:
+            self._growing -= 1
+            self._contexts.append(c)
+        return c
 
     def _put_back(self, c: _Context, valid: bool) -> None:
         with self._lock:
