@@ -312,7 +312,7 @@ class WhisperGraphDecoder:
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad():
             self.pos.copy_(saved_pos)
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 logits = self._step_impl(t)
             # Capture ran the step once for real: restore what it touched.
             self.pos.copy_(saved_pos)

@@ -170,9 +170,18 @@ class TorchWhisperDecoder:
         return cls(model, fe, tok, window_s=config.window_s, random_weights=True)
 
     def warm(self) -> None:
-        """One decode of a second of quiet noise: captures the default window's graph now, not in a turn."""
+        """One decode of a second of quiet noise, then the decoder step's graph for every longer window:
+        all captures happen now, before any session, not in a turn. (A capture while another thread
+        launches work on the same GPU breaks one of them: see the CUDA-graph avatar backend.)"""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 0.01
         self.decode(noise, trim=False)
+        frames = {
+            window_frames(s, self.window_s)
+            for s in np.arange(self.window_s, MAX_WINDOW_S + 1e-6, WINDOW_STEP_S)
+        }
+        with self._lock:
+            for f in sorted(frames):
+                self.graph.capture(f // 2)
 
     @property
     def device(self) -> str:

@@ -239,10 +239,10 @@ class GraphDecoder:
         graph, chunk_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.no_grad():
             self.pos.copy_(saved_pos)
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._logits = self._step_impl()
             self.pos.copy_(saved_pos)
-            with torch.cuda.graph(chunk_graph):
+            with torch.cuda.graph(chunk_graph, capture_error_mode="thread_local"):
                 self._chunk_logits = self._chunk_impl()
             self.pos.copy_(saved_pos)
             self.k_cache.zero_()

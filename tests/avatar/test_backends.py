@@ -99,11 +99,14 @@ def test_cuda_graph_matches_cpu() -> None:
         pytest.skip("no CUDA device")
     from engine.avatar.backends.cuda_graph import CudaGraphBackend
 
-    backend = CudaGraphBackend(load_character("builtin:default"), "360p")
-    for batch in (1, 4):
+    # buckets 1, 2, 4: a batch of 3 replays the 4-row graph, one of 6 renders 4 then 2 rows
+    backend = CudaGraphBackend(load_character("builtin:default"), "360p", max_batch=4)
+    assert sorted(backend._graphs) == [1, 2, 4]
+    for batch in (1, 3, 4, 6):
         p = speaking_params(2, batch)
         for i in range(2):  # replay twice: the graph must pick up new params
             got = backend.render(p[i])
+            assert got.shape[0] == batch
             with torch.no_grad():
                 want = to_uint8(generator("360p")(torch.from_numpy(p[i]))).numpy()
             diff = np.abs(got.astype(int) - want.astype(int))

@@ -1,10 +1,16 @@
-"""CUDA with CUDA-graph replay: one captured graph per batch size (static shapes per profile).
+"""CUDA with CUDA-graph replay: one captured graph per batch bucket (static shapes per profile).
 
 The whole step — parameters in, generator forward, float → uint8 HWC — is
-captured once per batch size after a warm-up on a side stream; a frame is then
+captured once per bucket after a warm-up on a side stream; a frame is then
 ``copy params in → graph.replay() → copy frames out`` (pinned host memory).
 Several sessions on one GPU are rendered by stacking their parameter rows into
-one batch.
+one batch, padded up to the next bucket (1, 2, 4, … ``max_batch``); more rows than
+``max_batch`` are rendered ``max_batch`` at a time.
+
+Every bucket is captured when the backend is made, before any session exists. A
+capture made later, while the ASR or LLM threads launch work on the same GPU,
+breaks both (``cudaErrorStreamCaptureUnsupported`` in the other thread, then an
+invalidated capture): found with 16 sessions on the H200 (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class _Captured:
                 self.frames = to_uint8(gen(self.params))
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), torch.no_grad():
             self.frames = to_uint8(gen(self.params))
         self.host = [torch.empty(self.frames.shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
         self.turn = 0
@@ -44,13 +50,27 @@ def _rest() -> np.ndarray:
     return DEFAULTS[None]
 
 
+def buckets(max_batch: int) -> tuple[int, ...]:
+    """Batch sizes captured: powers of two below ``max_batch``, then ``max_batch`` itself."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    if max_batch > 1:
+        sizes.append(max_batch)
+    return tuple(sizes)
+
+
 class CudaGraphBackend:
     """The generator on a CUDA device, replayed from per-batch CUDA graphs."""
 
     name = "cuda-graph"
 
     def __init__(
-        self, character: Character, profile: str | tuple[int, int] = "720p", device: str = "cuda"
+        self,
+        character: Character,
+        profile: str | tuple[int, int] = "720p",
+        device: str = "cuda",
+        max_batch: int = 32,
     ) -> None:
         if not torch.cuda.is_available():
             raise BackendUnavailable("CUDA is not available (torch.cuda.is_available() is False)")
@@ -58,26 +78,35 @@ class CudaGraphBackend:
         self.generator = FrameGenerator(character, profile).eval().to(self.device)
         self.width, self.height = self.generator.width, self.generator.height
         self.profile = profile_name(self.width, self.height)
-        self._graphs: dict[int, _Captured] = {}
+        self.max_batch = max(1, max_batch)
+        self._graphs = {b: _Captured(self.generator, b, self.device) for b in buckets(self.max_batch)}
         self.ring = 2
 
     def captured(self, batch: int) -> _Captured:
-        if batch not in self._graphs:
-            self._graphs[batch] = _Captured(self.generator, batch, self.device)
-        return self._graphs[batch]
+        """The graph of the smallest bucket holding ``batch`` rows (1 ≤ batch ≤ max_batch)."""
+        return self._graphs[min(b for b in self._graphs if b >= batch)]
 
     def render_tensor(self, params: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Frames left on the device: uint8 ``[B, H, W, 4]`` (overwritten by the next replay)."""
+        """Frames left on the device: uint8 ``[B, H, W, 4]`` for ``B ≤ max_batch`` rows (a view of the
+        bucket's output, overwritten by the next replay)."""
         p = torch.as_tensor(params, dtype=torch.float32).reshape(-1, NUM_PARAMS)
+        if p.shape[0] > self.max_batch:
+            raise ValueError(f"{p.shape[0]} rows in one replay; at most {self.max_batch} (use render)")
         cap = self.captured(p.shape[0])
-        cap.params.copy_(p, non_blocking=True)
+        cap.params[: p.shape[0]].copy_(p, non_blocking=True)
         cap.graph.replay()
-        return cap.frames
+        return cap.frames[: p.shape[0]]
 
     def render(self, params: np.ndarray) -> np.ndarray:
-        frames = self.render_tensor(params)
-        cap = self._graphs[frames.shape[0]]
-        host = cap.host[cap.turn]
+        rows = np.asarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS)
+        if rows.shape[0] > self.max_batch:
+            parts = [
+                self.render(rows[i : i + self.max_batch]) for i in range(0, rows.shape[0], self.max_batch)
+            ]
+            return np.concatenate(parts)
+        frames = self.render_tensor(rows)
+        cap = self.captured(rows.shape[0])
+        host = cap.host[cap.turn][: rows.shape[0]]
         cap.turn = (cap.turn + 1) % len(cap.host)
         host.copy_(frames, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
