@@ -24,6 +24,7 @@ import signal
 
 from aiohttp import web
 
+from engine.events import Draining
 from engine.server.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ async def drain(
     running = len(engine.sessions)
     log.warning("draining: %d session(s) may run for up to %.0f s", running, timeout_s)
     for session in list(engine.sessions.values()):
-        session.bus.publish({"type": "draining", "deadline_s": timeout_s, "message": DRAIN_MESSAGE})
+        session.bus.publish(Draining(t=session.clock.now(), deadline_s=timeout_s, message=DRAIN_MESSAGE))
     hurry = hurry or asyncio.Event()
     while engine.sessions and loop.time() - start < timeout_s and not hurry.is_set():
         with contextlib.suppress(TimeoutError):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
+from engine.events import ConnectionChanged
 from engine.server.engine import Engine
 from engine.server.errors import APIError
 from engine.session.session import Session
@@ -93,7 +94,7 @@ class PeerManager:
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
-            session.bus.publish({"type": "connection", "state": pc.connectionState})
+            session.bus.publish(ConnectionChanged(t=session.clock.now(), state=pc.connectionState))
             if pc.connectionState == "connected":
                 self.connected[session.id] = None
             if pc.connectionState in ("failed", "closed"):

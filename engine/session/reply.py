@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.clock import Clock
-from engine.events import ExpressionCommand, GestureCommand, ReplyChunk, SpeechAudio, UserTurn
+from engine.events import (
+    Event,
+    ExpressionCommand,
+    GestureCommand,
+    ReplyChunk,
+    ReplyToken,
+    SpeechAudio,
+    UserTurn,
+)
 from engine.llm.base import LLM
 from engine.llm.prompt import PromptProvider
 from engine.session.timings import TurnTimings
@@ -24,7 +32,7 @@ from engine.transport.playout import PlayoutBuffer
 from engine.tts.base import TTS
 from engine.tts.config import TTSConfig
 
-Publish = Callable[[dict[str, Any]], None]
+Publish = Callable[[Event], None]
 
 
 class StageFailed(Exception):
@@ -92,7 +100,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
                 return
             timings.mark("first_chunk_text", clock.now())
             # what the audience will hear, as the guard let it through (never the model's raw text)
-            ctx.publish({"type": "reply_token", "turn_id": turn.turn_id, "text": guarded})
+            ctx.publish(ReplyToken(t=clock.now(), turn_id=turn.turn_id, text=guarded))
             await chunks.put(
                 ReplyChunk(
                     t=clock.now(),

@@ -30,9 +30,18 @@ from aiortc.mediastreams import MediaStreamTrack
 from engine.clock import Clock, MediaClock
 from engine.config import Settings
 from engine.events import (
+    ChunkPlaybackStarted,
+    ChunkScheduled,
     ExpressionCommand,
+    FinalTranscript,
     GestureCommand,
+    Interruption,
+    PartialTranscript,
     SpeechAudio,
+    SpeechEnded,
+    SpeechStarted,
+    StageError,
+    TurnCompleted,
     TurnSource,
     UserTurn,
 )
@@ -46,8 +55,8 @@ from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport.audio_out import IdolAudioTrack
 from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
 from engine.transport.playout import HeardChunk, PlayoutBuffer
+from engine.vad.base import VoiceActivity
 from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechResumed, VADSpeechStarted
-from engine.vad.silero import VoiceActivityDetector
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +176,7 @@ class Session:
         self.interrupt_listeners: list[Callable[[float, int | None], None]] = []
         self.video_track: MediaStreamTrack | None = None
         self.video_source: VideoSource | None = None  # set by the avatar when the session has a face
+        self.playout.on_scheduled.append(lambda audio, t: self.bus.publish(ChunkScheduled(t=t, audio=audio)))
         self.playout.on_chunk_started.append(self._chunk_started)
         self.playout.on_chunk_finished.append(self._chunk_finished)
         self._owner.spawn(self._conversation(), "conversation")
@@ -210,7 +220,7 @@ class Session:
         for listener in self.interrupt_listeners:
             listener(cut if cut is not None else t, turn.turn_id if turn is not None else None)
         self._chunk_done.set()
-        self.bus.publish({"type": "interrupted", "t": t, "reason": reason})
+        self.bus.publish(Interruption(t=t, reason=reason))
         await cancel_and_wait(task)
         return True
 
@@ -232,8 +242,7 @@ class Session:
     def command(self, cmd: ExpressionCommand | GestureCommand) -> None:
         for listener in self.command_listeners:
             listener(cmd)
-        kind = "expression" if isinstance(cmd, ExpressionCommand) else "gesture"
-        self.bus.publish({"type": kind, "name": cmd.name, "source": cmd.source, "t": cmd.t})
+        self.bus.publish(cmd)
 
     async def close(self) -> None:
         if self._closed:
@@ -262,16 +271,7 @@ class Session:
         return turn
 
     def _announce(self, turn: UserTurn) -> None:
-        self.bus.publish(
-            {
-                "type": "user_turn",
-                "turn_id": turn.turn_id,
-                "text": turn.text,
-                "source": turn.source,
-                "speaker": turn.speaker,
-                "t": turn.t,
-            }
-        )
+        self.bus.publish(turn)
 
     def _stop_prewarm(self) -> None:
         """A reply needs the model (and the cache) now: the prewarm stops at its next prefill chunk."""
@@ -360,7 +360,9 @@ class Session:
             stage = _stage_of(e)
             log.error("turn %d failed in %s: %s", turn.turn_id, stage, e, exc_info=e)
             timings.error = f"{stage}: {e}"
-            self.bus.publish({"type": "error", "stage": stage, "message": str(e), "turn_id": turn.turn_id})
+            self.bus.publish(
+                StageError(t=self.clock.now(), stage=stage, message=str(e), turn_id=turn.turn_id)
+            )
 
     def _complete(self, turn: UserTurn, timings: TurnTimings) -> None:
         heard = self._heard.pop(turn.turn_id, [])
@@ -381,15 +383,14 @@ class Session:
         if self.metrics is not None:
             self.metrics.observe(timings)
         self.bus.publish(
-            {
-                "type": "turn_completed",
-                "turn_id": turn.turn_id,
-                "played_text": played,
-                "interrupted": interrupted,
-                "timings": timings.to_dict(),
-                # time.monotonic() at t = 0: lets a client on the same host line its clock up with ours
-                "clock_origin": getattr(self.clock, "origin", None),
-            }
+            TurnCompleted(
+                t=self.clock.now(),
+                turn_id=turn.turn_id,
+                played_text=played,
+                interrupted=interrupted,
+                timings=timings.to_dict(),
+                clock_origin=getattr(self.clock, "origin", None),
+            )
         )
         record = self._owner.spawn(
             self.prompt.record_turn(turn, remembered or played, interrupted), f"record{turn.turn_id}"
@@ -425,17 +426,7 @@ class Session:
             self.command(ExpressionCommand(t=t, name=name, source="llm"))
         for name in audio.gestures:
             self.command(GestureCommand(t=t, name=name, source="llm"))
-        self.bus.publish(
-            {
-                "type": "caption",
-                "turn_id": audio.turn_id,
-                "index": audio.index,
-                "text": audio.text,
-                "t": t,
-                "duration": audio.duration_s,
-                "words": [{"w": w.word, "start": t + w.start_s, "end": t + w.end_s} for w in audio.words],
-            }
-        )
+        self.bus.publish(ChunkPlaybackStarted(t=t, audio=audio))
 
     def _chunk_finished(self, heard: HeardChunk) -> None:
         self._heard[heard.audio.turn_id].append(heard)
@@ -475,7 +466,7 @@ class Session:
                         for piece in preroll:
                             utt.append(piece)
                         preroll.clear()
-                        self.bus.publish({"type": "speech_started", "t": arrivals.clock_time(ev.t)})
+                        self.bus.publish(SpeechStarted(t=arrivals.clock_time(ev.t)))
                         turn_owner.spawn(self._partials(utt), "partials")
                         if self._speaking():
                             turn_owner.spawn(self.interrupt("barge_in"), "barge-in")
@@ -489,7 +480,7 @@ class Session:
                             self._cancel_early("speech resumed")
                     elif isinstance(ev, VADEndOfTurn) and utt is not None:
                         speech_end = arrivals.clock_time(ev.speech_end_t)
-                        self.bus.publish({"type": "speech_ended", "t": speech_end})
+                        self.bus.publish(SpeechEnded(t=speech_end))
                         eot = arrivals.clock_time(ev.t)
                         utt.ended = True
                         turn_owner.spawn(self._finalize(utt, speech_end, eot), "final")
@@ -497,7 +488,7 @@ class Session:
         finally:
             await turn_owner.cancel_all()
 
-    async def _speculate(self, utt: _Utterance, vad: VoiceActivityDetector, silence_start: float) -> None:
+    async def _speculate(self, utt: _Utterance, vad: VoiceActivity, silence_start: float) -> None:
         await utt.stream.speculate()
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
@@ -530,7 +521,7 @@ class Session:
             if tr.text and tr.text != last:
                 last = tr.text
                 self.bus.publish(
-                    {"type": "partial", "text": tr.text, "stable": tr.stable_text, "t": self.clock.now()}
+                    PartialTranscript(t=self.clock.now(), text=tr.text, stable_text=tr.stable_text)
                 )
                 if not self._speaking() and not utt.paused and not utt.ended:
                     await self._warm_turn(tr.text)
@@ -555,13 +546,12 @@ class Session:
             # Heard speech, recognised no words: say so (the host sees it) and keep listening.
             log.info("turn not answered: no words recognised in %.1f s of speech", speech_end - utt.start_t)
             self.bus.publish(
-                {
-                    "type": "final",
-                    "text": "",
-                    "t": now,
-                    "unanswered": "no words recognised",
-                    "speech_s": round(max(0.0, speech_end - utt.start_t), 3),
-                }
+                FinalTranscript(
+                    t=now,
+                    text="",
+                    unanswered="no words recognised",
+                    speech_s=round(max(0.0, speech_end - utt.start_t), 3),
+                )
             )
             return
         if early is not None and early.task is not None:
@@ -580,7 +570,7 @@ class Session:
             decided = round((utt.turn_end_t - speech_end) * 1000, 1)
             timings.turn_end = utt.turn_end.to_dict() | {"decided_after_speech_end_ms": decided}
         self._announce(turn)
-        self.bus.publish({"type": "final", "text": text, "turn_id": turn.turn_id, "t": now})
+        self.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.turn_id))
         if early is not None:
             early.release()  # its audio may play from now on
         self._turn_queue.put_nowait(turn)

@@ -8,7 +8,7 @@ A busy chat never starves the host:
 * admission is cheap and bounded: blocklist → flood limit (token bucket, all users) → per-user
   cooldown → duplicate window → a bounded heap (a better message evicts the worst when full).
 
-Accepted messages are published on the session bus as ``{"type": "chat", ...}`` (the overlay's chat feed);
+Accepted messages are published on the session bus as :class:`~engine.events.ChatPosted` (the overlay's chat feed);
 refused ones are only counted (``stats``), so a flood cannot push captions out of the bus queues.
 """
 
@@ -20,9 +20,16 @@ import itertools
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
-from engine.events import TurnSource
+from engine.events import (
+    ChatPosted,
+    Event,
+    FinalTranscript,
+    SpeechStarted,
+    TurnCompleted,
+    TurnSource,
+    UserTurn,
+)
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.config import ChatQueueConfig
 from engine.surfaces.payloads import PRIORITY, ChatIn
@@ -78,7 +85,7 @@ class ChatQueue:
         self._host_speaking_since: float | None = None
         self._last_turn_end = float("-inf")
         self._owner = TaskOwner(f"chat-{session.id}")
-        session.bus.add_listener(self._on_event)
+        session.bus.add_observer(self._on_event)
         self._owner.spawn(self._feed(), "feed")
 
     # ---- admission (cheap, on the loop) ------------------------------------------------------
@@ -89,15 +96,14 @@ class ChatQueue:
         self.stats[verdict] += 1
         if verdict == "accepted":
             self.session.bus.publish(
-                {
-                    "type": "chat",
-                    "user": msg.user,
-                    "text": msg.text,
-                    "role": msg.role,
-                    "platform": msg.platform,
-                    "id": msg.id,
-                    "t": self.clock.now(),
-                }
+                ChatPosted(
+                    t=self.clock.now(),
+                    user=msg.user,
+                    text=msg.text,
+                    role=msg.role,
+                    platform=msg.platform,
+                    id=msg.id,
+                )
             )
             self._wake.set()
         return verdict
@@ -149,21 +155,20 @@ class ChatQueue:
     def pending(self) -> int:
         return len(self._heap)
 
-    # ---- session state (bus listener, on the loop) --------------------------------------------
+    # ---- session state (bus observer, on the loop) --------------------------------------------
 
-    def _on_event(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("type")
-        if kind == "user_turn":
+    def _on_event(self, ev: Event) -> None:
+        if isinstance(ev, UserTurn):
             self._pending_turns += 1
-            if ev.get("source") == "voice":
+            if ev.source == "voice":
                 self._host_speaking_since = None
-        elif kind == "turn_completed":
+        elif isinstance(ev, TurnCompleted):
             self._pending_turns = max(0, self._pending_turns - 1)
             self._last_turn_end = self.clock.now()
             self._wake.set()
-        elif kind == "speech_started":
+        elif isinstance(ev, SpeechStarted):
             self._host_speaking_since = self.clock.now()
-        elif kind == "final":
+        elif isinstance(ev, FinalTranscript):
             self._host_speaking_since = None
             self._last_turn_end = self.clock.now()
             self._wake.set()
@@ -226,5 +231,5 @@ class ChatQueue:
         return heapq.heappop(self._heap)
 
     async def close(self) -> None:
-        self.session.bus.remove_listener(self._on_event)
+        self.session.bus.remove_observer(self._on_event)
         await self._owner.cancel_all()

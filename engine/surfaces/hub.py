@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine.avatar.params import EXPRESSIONS, GESTURES
-from engine.events import ExpressionCommand, GestureCommand, SpeechAudio
+from engine.events import Event, ExpressionCommand, GestureCommand, to_wire
 from engine.server.engine import Engine
 from engine.server.webrtc import PeerManager
-from engine.session.bus import Listener
+from engine.session.bus import Observer
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.chat_queue import ChatQueue
 from engine.surfaces.media import SessionMedia
@@ -24,27 +23,6 @@ from engine.surfaces.whip import WHIPServer
 from engine.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
-
-
-def _announce_captions(session: Session) -> Callable[[SpeechAudio, float], None]:
-    """Publish each chunk's words as soon as its start time is known (before it plays), so overlays can
-    time their highlights ahead instead of reacting to the ``caption`` event sent at playback."""
-
-    def scheduled(audio: SpeechAudio, start: float) -> None:
-        words = [{"w": w.word, "start": start + w.start_s, "end": start + w.end_s} for w in audio.words]
-        session.bus.publish(
-            {
-                "type": "caption_scheduled",
-                "turn_id": audio.turn_id,
-                "index": audio.index,
-                "text": audio.text,
-                "t": start,
-                "duration": audio.duration_s,
-                "words": words,
-            }
-        )
-
-    return scheduled
 
 
 class Surfaces:
@@ -69,7 +47,7 @@ class Surfaces:
                 self.control_from_bus,
                 secrets_dir=Path(settings.server.secrets_dir),
             )
-        self._listeners: dict[str, Listener] = {}
+        self._observers: dict[str, Observer] = {}
         self._owner = TaskOwner("surfaces")
         engine.on_session_created.append(self._created)
         engine.on_session_closed.append(self._closed)
@@ -92,16 +70,16 @@ class Surfaces:
     async def _created(self, session: Session) -> None:
         await self.media.on_session_created(session)
         self.chats[session.id] = ChatQueue(session, self.engine.settings.surfaces.chat)
-        session.playout.on_scheduled.append(_announce_captions(session))
         self.order.append(session.id)
         if self.mqtt is not None:
             mqtt, sid = self.mqtt, session.id
 
-            def forward(ev: dict[str, Any]) -> None:
-                mqtt.publish_event(sid, ev)
+            def forward(ev: Event) -> None:
+                if ev.kind:
+                    mqtt.publish_event(sid, to_wire(ev))
 
-            session.bus.add_listener(forward)
-            self._listeners[sid] = forward
+            session.bus.add_observer(forward)
+            self._observers[sid] = forward
             mqtt.publish(f"{mqtt.prefix}/{sid}/state", {"state": "listening", "t": session.clock.now()}, True)
             self._publish_sessions()
         rtmp = self.engine.settings.surfaces.rtmp
@@ -116,9 +94,9 @@ class Surfaces:
         queue = self.chats.pop(sid, None)
         if queue is not None:
             await queue.close()
-        listener = self._listeners.pop(sid, None)
-        if listener is not None:
-            session.bus.remove_listener(listener)
+        observer = self._observers.pop(sid, None)
+        if observer is not None:
+            session.bus.remove_observer(observer)
         if sid in self.order:
             self.order.remove(sid)
         await self.media.on_session_closed(session)

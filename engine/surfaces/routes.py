@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.avatar.profiles import PROFILES
+from engine.events import PersonaChanged, ProfileChanged
 from engine.server.engine import Engine
 from engine.server.errors import APIError, read_json, require_str
 from engine.server.webrtc import PeerManager
@@ -108,7 +109,7 @@ async def profile(request: web.Request) -> web.Response:
         session.set_output_profile(name)
     except ValueError as e:
         raise APIError(409, str(e)) from None
-    session.bus.publish({"type": "profile", "name": name, "t": session.clock.now()})
+    session.bus.publish(ProfileChanged(t=session.clock.now(), name=name))
     return web.json_response({"profile": name})
 
 
@@ -124,7 +125,7 @@ async def persona(request: web.Request) -> web.Response:
         await switch(card)
     except (KeyError, ValueError, CardError) as e:
         raise APIError(400, f"cannot switch to that persona: {e}") from None
-    session.bus.publish({"type": "persona", "name": name, "t": session.clock.now()})
+    session.bus.publish(PersonaChanged(t=session.clock.now(), name=name))
     return web.json_response({"persona": name})
 
 

@@ -28,6 +28,7 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from engine.events import RTMPState
 from engine.session.session import Session
 from engine.surfaces.config import RTMPConfig
 from engine.surfaces.media import SessionMedia
@@ -137,7 +138,7 @@ class RTMPStreamer:
         self.last_error = error or self.last_error
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(
-                self.session.bus.publish, {"type": "rtmp", "state": state, "error": error}
+                self.session.bus.publish, RTMPState(t=self.session.clock.now(), state=state, error=error)
             )
 
     # ---- the encoder thread --------------------------------------------------------------------

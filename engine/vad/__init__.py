@@ -1,9 +1,11 @@
 """Voice activity detection on the host's microphone.
 
-The detector itself lives in :mod:`engine.vad.silero` (imported on demand: it
-loads onnxruntime); this package exports only the light result types.
+:class:`~engine.vad.base.VoiceActivity` is what the session needs from a detector; the one
+implementation lives in :mod:`engine.vad.silero` (imported on demand: it loads onnxruntime). This
+package exports only the light protocol and result types.
 """
 
+from engine.vad.base import VoiceActivity
 from engine.vad.results import (
     VADEndOfTurn,
     VADResult,
@@ -12,4 +14,11 @@ from engine.vad.results import (
     VADSpeechStarted,
 )
 
-__all__ = ["VADEndOfTurn", "VADResult", "VADSpeechPaused", "VADSpeechResumed", "VADSpeechStarted"]
+__all__ = [
+    "VADEndOfTurn",
+    "VADResult",
+    "VADSpeechPaused",
+    "VADSpeechResumed",
+    "VADSpeechStarted",
+    "VoiceActivity",
+]

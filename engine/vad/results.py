@@ -1,4 +1,9 @@
-"""What the voice-activity detector reports, in session-clock seconds.
+"""What the voice-activity detector reports: internal to the VAD and the session's listener.
+
+These are not bus events. ``t`` is in the times of the samples fed (the mic's arrival timeline);
+the listener converts each result once, onto the session clock, into the events the bus carries
+(:class:`~engine.events.SpeechStarted`, :class:`~engine.events.SpeechEnded`) or into its own
+decisions (a pause speculates the transcript, speech resuming cancels an early reply).
 
 ``t`` is when the thing happened (derived from the samples fed); ``detected_t``
 is the end of the window in which the detector could tell, so

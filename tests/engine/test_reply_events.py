@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.clock import MediaClock
-from engine.events import UserTurn
+from engine.events import Event, ReplyToken, UserTurn
 from engine.llm.base import ChatMessage
 from engine.session.reply import ReplyContext, ReplyResult, run_reply
 from engine.session.timings import TurnTimings
@@ -68,7 +68,7 @@ class GuardedPrompt:
 
 
 async def test_reply_tokens_are_the_guarded_text_never_the_models() -> None:
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
 
     def background(coro: Coroutine[Any, Any, Any], name: str) -> None:
         coro.close()
@@ -89,7 +89,7 @@ async def test_reply_tokens_are_the_guarded_text_never_the_models() -> None:
     result = ReplyResult()
     await run_reply(turn, ctx, TurnTimings(turn_id=1, source="chat"), result)
     assert result.written == WRITTEN  # the model did write it
-    tokens = [e["text"] for e in events if e["type"] == "reply_token"]
+    tokens = [e.text for e in events if isinstance(e, ReplyToken)]
     assert tokens, events
     sent = " ".join(tokens).lower()
     for leaked in ("hate", "fans", "debug", "configuration"):

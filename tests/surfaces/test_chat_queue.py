@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from engine.clock import ScriptedClock
+from engine.events import FinalTranscript, SpeechStarted, TurnCompleted, TurnSource, UserTurn
 from engine.session.bus import EventBus
 from engine.surfaces.chat_queue import ChatQueue
 from engine.surfaces.config import ChatQueueConfig
@@ -28,22 +29,23 @@ class SessionHarness:
         self.bus = EventBus()
         self.turns: list[tuple[str, str, str]] = []
 
-    async def submit_text(self, text: str, speaker: str = "host", source: str = "host_text") -> int:
+    async def submit_text(self, text: str, speaker: str = "host", source: TurnSource = "host_text") -> int:
         self.turns.append((text, speaker, source))
         self.bus.publish(
-            {
-                "type": "user_turn",
-                "turn_id": len(self.turns),
-                "text": text,
-                "source": source,
-                "speaker": speaker,
-                "t": self.clock.now(),
-            }
+            UserTurn(
+                t=self.clock.now(),
+                turn_id=len(self.turns),
+                text=text,
+                source=source,
+                speaker=speaker,
+            )
         )
         return len(self.turns)
 
     def finish(self) -> None:
-        self.bus.publish({"type": "turn_completed", "turn_id": len(self.turns), "timings": {}})
+        self.bus.publish(
+            TurnCompleted(t=self.clock.now(), turn_id=len(self.turns), played_text="", interrupted=False)
+        )
 
 
 def msg(user: str, text: str, role: str = "chat", **kw: Any) -> ChatIn:
@@ -63,7 +65,7 @@ def make(**cfg: Any) -> tuple[SessionHarness, ChatQueue]:
 
 async def test_priority_host_then_members_then_chat() -> None:
     s, q = make()
-    s.bus.publish({"type": "user_turn", "source": "voice"})  # busy: a voice turn is being answered
+    s.bus.publish(UserTurn(t=0, text="", source="voice"))  # busy: a voice turn is being answered
     assert q.offer(msg("ann", "first from chat")) == "accepted"
     assert q.offer(msg("bob", "a member speaks", "member")) == "accepted"
     assert q.offer(msg("host", "host text", "host")) == "accepted"
@@ -82,7 +84,7 @@ async def test_priority_host_then_members_then_chat() -> None:
 
 async def test_moderation_verdicts() -> None:
     s, q = make(blocklist_users=["troll"], blocklist_words=["spoiler"], user_cooldown_s=10, max_chars=20)
-    s.bus.publish({"type": "user_turn", "source": "voice"})  # keep everything queued
+    s.bus.publish(UserTurn(t=0, text="", source="voice"))  # keep everything queued
     assert q.offer(msg("troll", "hello")) == "blocked"
     assert q.offer(msg("ann", "big SPOILER ahead")) == "blocked"
     assert q.offer(msg("ann", "x" * 21)) == "too_long"
@@ -99,7 +101,7 @@ async def test_moderation_verdicts() -> None:
 
 async def test_flood_is_capped_and_bounded() -> None:
     s, q = make(flood_rate_per_s=5, flood_burst=10, max_pending=8, user_cooldown_s=0)
-    s.bus.publish({"type": "user_turn", "source": "voice"})
+    s.bus.publish(UserTurn(t=0, text="", source="voice"))
     verdicts = [q.offer(msg(f"u{i}", f"message number {i}")) for i in range(1000)]
     assert verdicts.count("accepted") == 8 and q.pending == 8
     assert verdicts.count("flood") == 990 and verdicts.count("queue_full") == 2
@@ -112,15 +114,15 @@ async def test_flood_is_capped_and_bounded() -> None:
 
 async def test_chat_waits_while_the_host_speaks_and_expires() -> None:
     s, q = make(max_age_s=5)
-    s.bus.publish({"type": "speech_started", "t": 0})
+    s.bus.publish(SpeechStarted(t=0))
     q.offer(msg("ann", "hi idol"))
     await asyncio.sleep(0.01)
     assert s.turns == [], "chat is held while the host is speaking"
-    s.bus.publish({"type": "final", "text": "", "t": 0})
+    s.bus.publish(FinalTranscript(t=0, text=""))
     await asyncio.sleep(0.01)
     assert [t[0] for t in s.turns] == ["hi idol"]
     s.finish()
-    s.bus.publish({"type": "user_turn", "source": "voice"})
+    s.bus.publish(UserTurn(t=0, text="", source="voice"))
     q.offer(msg("bob", "too late"))
     s.clock.advance(6)
     s.finish()
