@@ -30,9 +30,13 @@ pytestmark = pytest.mark.integration
 
 
 def small_box(settings: Settings) -> Settings:
-    """One core, a session pinned at 0.35 of it: room for 2 while the idle engine uses under 0.3."""
+    """2.8 cores, a session pinned at 1.0 of them: room for 2 while the idle baseline stays under 0.8 core.
+
+    The bench's clients run in this same process, so the engine's "idle" samples between the steps include
+    their CPU (0.55 core measured once in CI with a box of 1 core and 0.35 a session, which then admitted
+    only 1): the margin is wide on purpose. A deployed engine runs in a process of its own."""
     s = settings.model_copy(deep=True)
-    s.capacity = CapacityConfig(cores=1.0, target_utilization=1.0, session_cpu_cores=0.35, retry_after_s=7)
+    s.capacity = CapacityConfig(cores=2.8, target_utilization=1.0, session_cpu_cores=1.0, retry_after_s=7)
     return s
 
 
