@@ -181,11 +181,9 @@ class SpeechAudio(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkScheduled(Event):
-    """A chunk's start time on the clock is known (``t``), before it plays: overlays time their
-    highlights ahead, the animator moves the lips for it."""
+class _ChunkTimed(Event):
+    """One chunk of the reply at a time on the clock (``t``), with its words at their clock times."""
 
-    kind: ClassVar[str] = "caption_scheduled"
     wire: ClassVar[tuple[str, ...]] = (
         "turn_id",
         "index",
@@ -219,7 +217,15 @@ class ChunkScheduled(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkPlaybackStarted(ChunkScheduled):
+class ChunkScheduled(_ChunkTimed):
+    """A chunk's start time on the clock is known (``t``), before it plays: overlays time their
+    highlights ahead, the animator moves the lips for it."""
+
+    kind: ClassVar[str] = "caption_scheduled"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkPlaybackStarted(_ChunkTimed):
     """The audio track sent the first sample of a chunk; ``t`` is that sample's time on the clock."""
 
     kind: ClassVar[str] = "caption"

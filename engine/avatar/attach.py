@@ -6,7 +6,7 @@ import logging
 
 from engine.avatar.animator import Animator
 from engine.avatar.live import RenderPool, SessionVideo
-from engine.events import ExpressionCommand, GestureCommand, SpeechAudio
+from engine.events import ChunkScheduled, Event, ExpressionCommand, GestureCommand, Interruption
 from engine.session.session import Session
 from engine.transport.video_out import IdolVideoTrack
 
@@ -34,19 +34,20 @@ def attach_avatar(session: Session, pool: RenderPool, seed: int | None = None) -
     session.video_track = track
     session.video_source = video
 
-    def on_scheduled(speech: SpeechAudio, start_t: float) -> None:
-        animator.schedule_audio(start_t, speech)
-
-    def on_command(cmd: ExpressionCommand | GestureCommand) -> None:
+    def observe(ev: Event) -> None:
+        """The face follows the session's events: lips for each scheduled chunk, tags and host commands,
+        the mouth closing at the instant an interruption cuts the audio."""
         try:
-            if isinstance(cmd, ExpressionCommand):
-                animator.set_expression(cmd.name, cmd.t)
-            else:
-                animator.trigger_gesture(cmd.name, cmd.t)
+            if isinstance(ev, ChunkScheduled):
+                animator.schedule_audio(ev.t, ev.audio)
+            elif isinstance(ev, ExpressionCommand):
+                animator.set_expression(ev.name, ev.t)
+            elif isinstance(ev, GestureCommand):
+                animator.trigger_gesture(ev.name, ev.t)
+            elif isinstance(ev, Interruption):
+                animator.interrupt(ev.cut_t if ev.cut_t is not None else ev.t, ev.turn_id)
         except (KeyError, ValueError) as e:
-            log.warning("avatar ignored %s: %s", cmd, e)
+            log.warning("avatar ignored %s: %s", ev, e)
 
-    session.playout.on_scheduled.append(on_scheduled)
-    session.command_listeners.append(on_command)
-    session.interrupt_listeners.append(lambda t, turn_id: animator.interrupt(t, turn_id))
+    session.bus.add_observer(observe)
     return video

@@ -151,7 +151,7 @@ class Session:
         self.prompt: PromptProvider = prompt or SimplePromptProvider(settings.persona.system_prompt)
         self.metrics = metrics
         self.bus = EventBus()
-        self.playout = PlayoutBuffer()
+        self.playout = PlayoutBuffer(observer=self)
         self.audio_track = IdolAudioTrack(self.clock, self.playout)
         self.turns: deque[TurnTimings] = deque(maxlen=500)
         self._owner = TaskOwner(f"session-{session_id}")
@@ -171,14 +171,8 @@ class Session:
         self.early_replies = {"started": 0, "confirmed": 0, "cancelled": 0}
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{session_id}")
         self._closed = False
-        self.command_listeners: list[Callable[[ExpressionCommand | GestureCommand], None]] = []
-        # (cut time on the clock, turn id): the avatar closes the mouth at the same instant the audio stops
-        self.interrupt_listeners: list[Callable[[float, int | None], None]] = []
         self.video_track: MediaStreamTrack | None = None
         self.video_source: VideoSource | None = None  # set by the avatar when the session has a face
-        self.playout.on_scheduled.append(lambda audio, t: self.bus.publish(ChunkScheduled(t=t, audio=audio)))
-        self.playout.on_chunk_started.append(self._chunk_started)
-        self.playout.on_chunk_finished.append(self._chunk_finished)
         self._owner.spawn(self._conversation(), "conversation")
 
     # ---- public API ----------------------------------------------------------------------
@@ -217,10 +211,12 @@ class Session:
             self._heard[heard.audio.turn_id].append(heard)
         if turn is not None:
             self._interrupted.add(turn.turn_id)
-        for listener in self.interrupt_listeners:
-            listener(cut if cut is not None else t, turn.turn_id if turn is not None else None)
         self._chunk_done.set()
-        self.bus.publish(Interruption(t=t, reason=reason))
+        # the avatar closes the mouth at the instant the audio stops (cut_t)
+        turn_id = turn.turn_id if turn is not None else None
+        self.bus.publish(
+            Interruption(t=t, reason=reason, cut_t=cut if cut is not None else t, turn_id=turn_id)
+        )
         await cancel_and_wait(task)
         return True
 
@@ -240,8 +236,7 @@ class Session:
             await result
 
     def command(self, cmd: ExpressionCommand | GestureCommand) -> None:
-        for listener in self.command_listeners:
-            listener(cmd)
+        """A face command (the host's, or a tag in the reply): the avatar and the pages see it on the bus."""
         self.bus.publish(cmd)
 
     async def close(self) -> None:
@@ -416,9 +411,12 @@ class Session:
         if n:
             log.info("prewarmed the next prompt: %d tokens in %.0f ms", n, (self.clock.now() - t0) * 1e3)
 
-    # ---- playout callbacks (on the loop) ----------------------------------------------------
+    # ---- the playout buffer's observer (on the loop) -------------------------------------------
 
-    def _chunk_started(self, audio: SpeechAudio, t: float) -> None:
+    def chunk_scheduled(self, audio: SpeechAudio, start_t: float) -> None:
+        self.bus.publish(ChunkScheduled(t=start_t, audio=audio))
+
+    def chunk_started(self, audio: SpeechAudio, t: float) -> None:
         timings = self._active.get(audio.turn_id)
         if timings is not None:  # when the frame really left the track (t is its nominal pts time)
             timings.mark("first_audio_sent", max(t, self.clock.now()))
@@ -428,7 +426,7 @@ class Session:
             self.command(GestureCommand(t=t, name=name, source="llm"))
         self.bus.publish(ChunkPlaybackStarted(t=t, audio=audio))
 
-    def _chunk_finished(self, heard: HeardChunk) -> None:
+    def chunk_finished(self, heard: HeardChunk) -> None:
         self._heard[heard.audio.turn_id].append(heard)
         self._finished_chunks[heard.audio.turn_id] += 1
         self._chunk_done.set()

@@ -6,14 +6,18 @@ start time as soon as it is queued, which the animator uses to move the lips for
 it ahead of time. The buffer is bounded in milliseconds of media: ``wait_for_room``
 applies back-pressure to TTS. ``flush`` cuts playback (barge-in) with a short fade
 and reports what was actually heard.
+
+One observer (the session) hears of each chunk three times: when its start time is known
+(``chunk_scheduled``), when its first sample is pulled (``chunk_started``) and when it has played
+out (``chunk_finished``). Everything here runs on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -58,12 +62,25 @@ def _prefix_by_ratio(text: str, ratio: float) -> str:
     return " ".join(words[: int(len(words) * ratio)])
 
 
-ScheduledCallback = Callable[[SpeechAudio, float], None]
-"""Called with a chunk and the clock time its first sample will play."""
+class PlayoutObserver(Protocol):
+    def chunk_scheduled(self, audio: SpeechAudio, start_t: float) -> None:
+        """``audio``'s first sample will play at clock time ``start_t``."""
+
+    def chunk_started(self, audio: SpeechAudio, t: float) -> None:
+        """The track pulled ``audio``'s first sample (``t``: its nominal clock time)."""
+
+    def chunk_finished(self, heard: HeardChunk) -> None:
+        """``audio`` played out in full."""
 
 
 class PlayoutBuffer:
-    def __init__(self, sample_rate: int = 48000, max_buffered_ms: int = 20000, fade_ms: int = 15) -> None:
+    def __init__(
+        self,
+        sample_rate: int = 48000,
+        max_buffered_ms: int = 20000,
+        fade_ms: int = 15,
+        observer: PlayoutObserver | None = None,
+    ) -> None:
         self.rate = sample_rate
         self.max_buffered = sample_rate * max_buffered_ms // 1000
         self.fade_samples = sample_rate * fade_ms // 1000
@@ -71,10 +88,8 @@ class PlayoutBuffer:
         self._cursor = 0  # next sample to be pulled
         self._t0: float | None = None  # clock time of sample 0
         self._fade_tail: np.ndarray | None = None
-        self._room = asyncio.Condition()
-        self.on_scheduled: list[ScheduledCallback] = []
-        self.on_chunk_started: list[Callable[[SpeechAudio, float], None]] = []
-        self.on_chunk_finished: list[Callable[[HeardChunk], None]] = []
+        self._room = asyncio.Event()  # set whenever samples leave the buffer
+        self.observer = observer
 
     # ---- producer side (event loop) ---------------------------------------------------
 
@@ -102,8 +117,9 @@ class PlayoutBuffer:
         return None if self._t0 is None else self._t0 + sample / self.rate
 
     async def wait_for_room(self) -> None:
-        async with self._room:
-            await self._room.wait_for(lambda: self.buffered_samples < self.max_buffered)
+        while self.buffered_samples >= self.max_buffered:
+            self._room.clear()
+            await self._room.wait()
 
     def enqueue(self, audio: SpeechAudio) -> float | None:
         """Queue a chunk; returns the clock time its first sample will play (None before the track starts)."""
@@ -114,9 +130,8 @@ class PlayoutBuffer:
         item = _Queued(audio, self._end_sample())
         self._queue.append(item)
         start = self.start_time_of(item.start_sample)
-        if start is not None:
-            for cb in self.on_scheduled:
-                cb(audio, start)
+        if start is not None and self.observer is not None:
+            self.observer.chunk_scheduled(audio, start)
         return start
 
     def flush(self) -> list[HeardChunk]:
@@ -132,20 +147,8 @@ class PlayoutBuffer:
                 if q.played > 0:
                     heard.append(HeardChunk(q.audio, q.played / self.rate))
         self._queue.clear()
-        self._notify_room()
+        self._room.set()
         return heard
-
-    def _notify_room(self) -> None:
-        async def notify() -> None:
-            async with self._room:
-                self._room.notify_all()
-
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        # Completes at once: the condition is only awaited on this loop.
-        loop.call_soon(lambda: asyncio.ensure_future(notify()))
 
     # ---- consumer side (the audio track) ------------------------------------------------
 
@@ -155,8 +158,8 @@ class PlayoutBuffer:
             return
         self._t0 = t0
         for q in self._queue:
-            for cb in self.on_scheduled:
-                cb(q.audio, t0 + q.start_sample / self.rate)
+            if self.observer is not None:
+                self.observer.chunk_scheduled(q.audio, t0 + q.start_sample / self.rate)
 
     def pull(self, n: int) -> np.ndarray:
         """The next ``n`` samples (int16): speech, the fade after a flush, or silence."""
@@ -173,18 +176,17 @@ class PlayoutBuffer:
             if q.start_sample > frame_sample:  # a gap before this chunk: silence
                 pos += min(n - pos, q.start_sample - frame_sample)
                 continue
-            if q.played == 0:
+            if q.played == 0 and self.observer is not None:
                 t = self.start_time_of(q.start_sample)
-                for cb in self.on_chunk_started:
-                    cb(q.audio, t if t is not None else 0.0)
+                self.observer.chunk_started(q.audio, t if t is not None else 0.0)
             k = min(n - pos, len(q.audio.pcm) - q.played)
             out[pos : pos + k] = q.audio.pcm[q.played : q.played + k]
             q.played += k
             pos += k
             if q.played >= len(q.audio.pcm):
                 self._queue.popleft()
-                for done in self.on_chunk_finished:
-                    done(HeardChunk(q.audio, q.played / self.rate))
-                self._notify_room()
+                if self.observer is not None:
+                    self.observer.chunk_finished(HeardChunk(q.audio, q.played / self.rate))
         self._cursor += n
+        self._room.set()  # samples left: a producer waiting for room re-checks
         return out

@@ -8,7 +8,7 @@ import pytest
 from engine.clock import ScriptedClock
 from engine.events import SpeechAudio, WordSpan
 from engine.transport.audio_out import IdolAudioTrack
-from engine.transport.playout import PlayoutBuffer
+from engine.transport.playout import HeardChunk, PlayoutBuffer
 
 pytestmark = pytest.mark.unit
 
@@ -20,6 +20,24 @@ def _speech(seconds: float, turn: int = 1, index: int = 0, text: str = "one two 
     step = seconds / len(words)
     spans = tuple(WordSpan(w, i * step, (i + 1) * step) for i, w in enumerate(words))
     return SpeechAudio(t=0.0, turn_id=turn, index=index, text=text, pcm=pcm, words=spans)
+
+
+class Seen:
+    """A playout observer that records what it was told."""
+
+    def __init__(self) -> None:
+        self.scheduled: list[float] = []
+        self.started: list[float] = []
+        self.finished: list[HeardChunk] = []
+
+    def chunk_scheduled(self, audio: SpeechAudio, start_t: float) -> None:
+        self.scheduled.append(start_t)
+
+    def chunk_started(self, audio: SpeechAudio, t: float) -> None:
+        self.started.append(t)
+
+    def chunk_finished(self, heard: HeardChunk) -> None:
+        self.finished.append(heard)
 
 
 async def _pull(track: IdolAudioTrack, clock: ScriptedClock) -> np.ndarray:
@@ -48,14 +66,12 @@ async def test_silence_when_idle_then_speech_with_exact_start_time() -> None:
     buf = PlayoutBuffer()
     track = IdolAudioTrack(clock, buf)
     assert not (await track.recv()).to_ndarray().any()
-    scheduled: list[float] = []
-    started: list[float] = []
-    buf.on_scheduled.append(lambda a, t: scheduled.append(t))
-    buf.on_chunk_started.append(lambda a, t: started.append(t))
+    seen = Seen()
+    buf.observer = seen
     start = buf.enqueue(_speech(0.1))
     assert start == pytest.approx(0.02)
     frame = await _pull(track, clock)
-    assert frame.any() and scheduled == [pytest.approx(0.02)] and started == [pytest.approx(0.02)]
+    assert frame.any() and seen.scheduled == [pytest.approx(0.02)] and seen.started == [pytest.approx(0.02)]
 
 
 async def test_chunks_play_back_to_back_and_report_what_was_heard() -> None:
@@ -63,8 +79,9 @@ async def test_chunks_play_back_to_back_and_report_what_was_heard() -> None:
     buf = PlayoutBuffer()
     track = IdolAudioTrack(clock, buf)
     await track.recv()
-    heard = []
-    buf.on_chunk_finished.append(heard.append)
+    seen = Seen()
+    buf.observer = seen
+    heard = seen.finished
     buf.enqueue(_speech(0.1, index=0))
     second_start = buf.enqueue(_speech(0.1, index=1))
     assert second_start == pytest.approx(0.02 + 0.1)
@@ -101,5 +118,4 @@ async def test_back_pressure_is_bounded_in_milliseconds() -> None:
     await asyncio.sleep(0.01)
     assert not waiter.done()
     buf.pull(48000 // 10 * 2)  # 200 ms consumed: 200 ms left < 300 ms
-    buf._notify_room()
     await asyncio.wait_for(waiter, 1)
