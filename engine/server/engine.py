@@ -84,7 +84,7 @@ class Engine:
             settings.capacity,
             settings,
             sessions=lambda: len(self.sessions),
-            talking=lambda: sum(1 for s in self.sessions.values() if s._speaking()),
+            talking=lambda: sum(1 for s in self.sessions.values() if s.speaking()),
         )
         Gauge("idolcast_sessions_active", "Open sessions", registry=self.registry).set_function(
             lambda: len(self.sessions)

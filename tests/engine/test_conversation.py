@@ -218,7 +218,7 @@ async def test_early_reply_is_dropped_when_the_host_goes_on_speaking(slow_eot_se
         kinds = [e["type"] for e in events]
         assert kinds.index("user_turn") < kinds.index("reply_token")
         assert events[-1]["played_text"].strip()
-        assert session._early is None
+        assert session.conversation.early.pending is None
 
 
 async def test_finished_words_end_the_turn_sooner_trailing_words_wait(

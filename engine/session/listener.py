@@ -1,0 +1,209 @@
+"""The listening side of a session: the host's microphone → VAD → ASR → a turn for the conversation.
+
+Per utterance: speech starts (barge-in if the idol is talking), partial transcripts stream while the
+host speaks, a pause speculates the final decode and judges whether the words so far are finished
+(an early reply may start on them), speech resuming cancels that, and the end of the turn confirms
+the transcript and queues the turn. The VAD's own results are converted here, once, into the bus's
+events on the session clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamTrack
+
+from engine.asr.base import TranscriptStream
+from engine.events import FinalTranscript, PartialTranscript, SpeechEnded, SpeechStarted, UserTurn
+from engine.session.conversation import Conversation
+from engine.session.early import EarlyReply
+from engine.session.turn import SessionParts
+from engine.session.turn_end import TurnEndDecision, TurnEndDetector
+from engine.tasks import TaskOwner
+from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
+from engine.vad.base import VoiceActivity
+from engine.vad.results import VADEndOfTurn, VADSpeechPaused, VADSpeechResumed, VADSpeechStarted
+
+log = logging.getLogger(__name__)
+
+PREROLL_S = 0.3
+
+
+@dataclass
+class Utterance:
+    """The host's current spoken turn as the listener tracks it."""
+
+    stream: TranscriptStream
+    start_t: float = 0.0  # when the speech started (clock time)
+    paused: bool = False  # silence since the last pause: audio is held back, not appended
+    held: list[np.ndarray] = field(default_factory=list)
+    ended: bool = False  # the end of the turn was detected: no more partials, too late for an early reply
+    early: EarlyReply | None = None
+    turn_end: TurnEndDecision | None = None  # the latest pause's judgement of the words so far
+    turn_end_t: float = 0.0  # when it was made (clock time)
+
+    def append(self, audio: np.ndarray) -> None:
+        # Silence after a pause goes to the stream only if speech resumes: the end of the turn
+        # then finds the buffer the speculative decode saw, and reuses that decode.
+        if self.paused:
+            self.held.append(audio)
+        else:
+            self.stream.append(audio)
+
+    def resume(self) -> None:
+        self.paused = False
+        for piece in self.held:
+            self.stream.append(piece)
+        self.held.clear()
+
+
+class Listener:
+    def __init__(self, parts: SessionParts, conversation: Conversation) -> None:
+        self.parts = parts
+        self.conversation = conversation
+        self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
+
+    def close(self) -> None:
+        self._vad_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _barge_in(self, owner: TaskOwner) -> None:
+        owner.spawn(self.conversation.interrupt("barge_in"), "barge-in")
+
+    async def run(self, track: MediaStreamTrack) -> None:
+        p, conv = self.parts, self.conversation
+        loop = asyncio.get_running_loop()
+        vad: VoiceActivity = p.models.new_vad()
+        preroll: deque[np.ndarray] = deque(maxlen=int(PREROLL_S * MIC_RATE / 320) + 1)
+        utt: Utterance | None = None
+        owner = TaskOwner(f"session-{p.id}-asr")
+        arrivals = ArrivalMap()
+        voiced_s = 0.0  # how long speech has lasted (for barge-in, faster than a full turn start)
+        barge_s = p.settings.vad.barge_in_min_speech_ms / 1000.0
+        try:
+            async for chunk in mic_chunks(track, p.clock):
+                arrivals.add(chunk)
+                results = await loop.run_in_executor(self._vad_pool, vad.feed, chunk.audio, chunk.t)
+                voiced = vad.last_probability >= vad.config.threshold
+                voiced_s = voiced_s + len(chunk.audio) / MIC_RATE if voiced else 0.0
+                if voiced_s >= barge_s and conv.speaking():
+                    voiced_s = float("-inf")  # once per utterance
+                    self._barge_in(owner)
+                if utt is not None:
+                    utt.append(chunk.audio)
+                else:
+                    preroll.append(chunk.audio)
+                for r in results:
+                    if isinstance(r, VADSpeechStarted):
+                        utt = Utterance(p.models.asr.new_stream(), start_t=arrivals.clock_time(r.t))
+                        for piece in preroll:
+                            utt.append(piece)
+                        preroll.clear()
+                        p.bus.publish(SpeechStarted(t=utt.start_t))
+                        owner.spawn(self._partials(utt), "partials")
+                        if conv.speaking():
+                            self._barge_in(owner)
+                    elif isinstance(r, VADSpeechPaused) and utt is not None:
+                        utt.paused = True
+                        owner.spawn(self._speculate(utt, vad, r.t), "speculate")
+                    elif isinstance(r, VADSpeechResumed) and utt is not None:
+                        utt.resume()
+                        if utt.early is not None:
+                            utt.early = None
+                            conv.early.cancel("speech resumed")
+                    elif isinstance(r, VADEndOfTurn) and utt is not None:
+                        speech_end = arrivals.clock_time(r.speech_end_t)
+                        p.bus.publish(SpeechEnded(t=speech_end))
+                        utt.ended = True
+                        owner.spawn(self._finalize(utt, speech_end, arrivals.clock_time(r.t)), "final")
+                        utt = None
+        finally:
+            await owner.cancel_all()
+
+    async def _partials(self, utt: Utterance) -> None:
+        p = self.parts
+        interval = p.settings.asr.partial_interval_ms / 1000.0
+        last = ""
+        while not utt.ended:
+            await asyncio.sleep(interval)
+            if utt.paused or utt.ended:
+                continue  # the speculative decode has the worker now
+            tr = await utt.stream.partial()
+            if tr.text and tr.text != last:
+                last = tr.text
+                p.bus.publish(PartialTranscript(t=p.clock.now(), text=tr.text, stable_text=tr.stable_text))
+                if not self.conversation.speaking() and not utt.paused and not utt.ended:
+                    await self._warm_turn(tr.text)
+
+    def _turn_end_detector(self) -> TurnEndDetector:
+        p = self.parts
+        return TurnEndDetector(p.settings.vad, p.models.llm, p.prompt, p.id)
+
+    async def _warm_turn(self, words: str) -> None:
+        """The LLM evaluates the host's words so far while she talks (an optimization: failures only log)."""
+        turn = UserTurn(t=self.parts.clock.now(), text=words, source="voice", speaker="host", turn_id=0)
+        try:
+            await self._turn_end_detector().warm(turn)
+        except Exception as e:
+            log.debug("warming the turn's words failed: %r", e)
+
+    async def _speculate(self, utt: Utterance, vad: VoiceActivity, silence_start: float) -> None:
+        """A pause: decode what was said so far, judge whether it is finished, and maybe start replying."""
+        p = self.parts
+        await utt.stream.speculate()
+        settled = utt.stream.settled()
+        log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
+        if settled is None or not settled.text or not utt.paused or utt.ended:
+            return
+        words = UserTurn(t=p.clock.now(), text=settled.text, source="voice", speaker="host", turn_id=0)
+        detector = self._turn_end_detector()
+        try:
+            decision = await detector.decide(words)
+        except Exception as e:  # an optimization: the turn then ends on the whole silence
+            log.warning("end-of-turn scoring failed: %r", e)
+            decision = TurnEndDecision(False, detector.method)
+        log.debug("turn end: %r -> %s", settled.text, decision)
+        if not utt.paused or utt.ended or utt.stream.settled() is None:
+            return  # speech came back (or the turn ended) while it was scored
+        utt.turn_end, utt.turn_end_t = decision, p.clock.now()
+        finished_ms = p.settings.vad.end_of_turn_finished_ms
+        if decision.finished and finished_ms:
+            vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
+        if utt.early is None:
+            utt.early = self.conversation.early.start(settled.text)
+
+    async def _finalize(self, utt: Utterance, speech_end: float, eot: float) -> None:
+        """The end of the turn: the final transcript becomes the turn (confirming an early reply to it)."""
+        p, conv = self.parts, self.conversation
+        final = await utt.stream.final()
+        now = p.clock.now()
+        text = final.text.strip()
+        early, utt.early = utt.early, None
+        turn = conv.early.confirm(early, text)
+        if not text:
+            # Heard speech, recognised no words: say so (the host sees it) and keep listening.
+            speech_s = max(0.0, speech_end - utt.start_t)
+            log.info("turn not answered: no words recognised in %.1f s of speech", speech_s)
+            unanswered = "no words recognised"
+            p.bus.publish(FinalTranscript(t=now, text="", unanswered=unanswered, speech_s=round(speech_s, 3)))
+            return
+        if turn is None:
+            early = None
+            turn = conv.new_turn(text, "voice", "host", announce=False)
+        turn.user = UserTurn(
+            t=now, text=text, source="voice", speaker="host", turn_id=turn.id, speech_end_t=speech_end
+        )
+        timings = turn.timings
+        timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
+        if utt.turn_end is not None:
+            decided = round((utt.turn_end_t - speech_end) * 1000, 1)
+            timings.turn_end = utt.turn_end.to_dict() | {"decided_after_speech_end_ms": decided}
+        p.bus.publish(turn.user)
+        p.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.id))
+        if early is not None:
+            early.release()  # its audio may play from now on
+        conv.queue(turn)
