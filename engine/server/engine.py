@@ -11,13 +11,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from engine.avatar.attach import attach_avatar
 from engine.avatar.live import RenderPool, renderer_factory
 from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
 from engine.server.capacity import CapacityMonitor
+from engine.session.face import attach_avatar
 from engine.session.session import Session
 from engine.session.timings import TurnMetrics
 from engine.tasks import TaskOwner

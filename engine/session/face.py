@@ -1,4 +1,8 @@
-"""Give a session a face: its animator, its video source and track, wired to its speech and commands."""
+"""Give a session a face: its animator, its video source and track; the animator observes the session's bus
+(each chunk's lips as soon as it is scheduled, the tags and host commands, the mouth closing at a cut).
+
+It sits in engine.session (not engine.avatar) because it knows the session; the avatar knows nothing above it.
+"""
 
 from __future__ import annotations
 
