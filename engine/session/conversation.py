@@ -119,7 +119,6 @@ class Conversation:
             clock=p.clock,
             publish=p.bus.publish if early is None else early.later(p.bus.publish),
             cache_key=p.id,
-            on_command=p.bus.publish if early is None else early.later(p.bus.publish),
             background=self._owner.spawn,
             gate=None if early is None else early.gate,
         )

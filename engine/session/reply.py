@@ -62,9 +62,8 @@ class ReplyContext:
     prompt: PromptProvider
     playout: PlayoutBuffer
     clock: Clock
-    publish: Publish
+    publish: Publish  # to the bus (an early reply's events are held until the turn confirms it)
     cache_key: str
-    on_command: Callable[[ExpressionCommand | GestureCommand], None]
     background: Callable[[Coroutine[Any, Any, Any], str], object]  # an owned task outliving the reply
     gate: asyncio.Event | None = None  # an early reply's audio waits for this (the turn's confirmation)
 
@@ -94,9 +93,9 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
             if not guarded or not guarded.strip():
                 # Nothing to say, but the face still reacts now.
                 for name in expressions:
-                    ctx.on_command(ExpressionCommand(t=clock.now(), name=name, source="llm"))
+                    ctx.publish(ExpressionCommand(t=clock.now(), name=name, source="llm"))
                 for name in gestures:
-                    ctx.on_command(GestureCommand(t=clock.now(), name=name, source="llm"))
+                    ctx.publish(GestureCommand(t=clock.now(), name=name, source="llm"))
                 return
             timings.mark("first_chunk_text", clock.now())
             # what the audience will hear, as the guard let it through (never the model's raw text)
