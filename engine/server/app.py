@@ -17,7 +17,7 @@ from engine.config import Settings
 from engine.events import ExpressionCommand, GestureCommand, TurnSource
 from engine.server.auth_routes import register_auth_routes
 from engine.server.credentials import Credentials
-from engine.server.engine import Engine, EngineBusy, EngineNotReady
+from engine.server.engine import Engine
 from engine.server.errors import APIError, json_errors, read_json, require_str
 from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
 from engine.server.openapi import openapi
@@ -64,12 +64,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def offer(request: web.Request) -> web.Response:
     data = await read_json(request)
-    try:
-        session, answer = await request.app[PEERS_KEY].answer(data.get("sdp"), data.get("type", "offer"))  # type: ignore[arg-type]
-    except EngineNotReady as e:
-        raise APIError(503, str(e)) from None
-    except EngineBusy as e:
-        raise APIError(503, str(e), {"Retry-After": str(e.retry_after_s)}, {"resource": e.resource}) from None
+    session, answer = await request.app[PEERS_KEY].answer(data.get("sdp"), data.get("type", "offer"))  # type: ignore[arg-type]
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
 
 

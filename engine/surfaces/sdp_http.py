@@ -13,7 +13,7 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCIceServer
 
 from engine.server.errors import APIError
-from engine.server.webrtc import MAX_SDP_BYTES, validate_offer
+from engine.server.peer import MAX_SDP_BYTES, validate_offer
 
 SDP_TYPE = "application/sdp"
 

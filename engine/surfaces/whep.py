@@ -11,11 +11,11 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
 from engine.server.errors import APIError
-from engine.server.webrtc import offer_error
+from engine.server.peer import Peer
 from engine.session.session import Session
 from engine.surfaces.media import SessionMedia
 from engine.surfaces.sdp_http import rtc_configuration
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Viewer:
     id: str
     session_id: str
-    pc: RTCPeerConnection
+    peer: Peer
     tracks: list[MediaStreamTrack] = field(default_factory=list)
 
 
@@ -51,17 +51,16 @@ class WHEPServer:
         while the session's own picture stays as configured."""
         if self.count(session.id) >= self.max_viewers:
             raise APIError(503, f"too many viewers of session '{session.id}' (max {self.max_viewers})")
-        pc = RTCPeerConnection(rtc_configuration(self.ice_servers))
-        viewer = Viewer(uuid.uuid4().hex[:12], session.id, pc)
-        self.viewers[viewer.id] = viewer
+        vid = uuid.uuid4().hex[:12]
 
-        @pc.on("connectionstatechange")
-        async def on_state() -> None:
-            if pc.connectionState in ("failed", "closed"):
-                await self.close(viewer.id)
+        async def gone() -> None:
+            await self.close(vid)
 
-        try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        peer = Peer(f"WHEP viewer {vid}", rtc_configuration(self.ice_servers), self.connect_timeout_s, gone)
+        viewer = Viewer(vid, session.id, peer)
+        self.viewers[vid] = viewer
+
+        def add_tracks(pc: RTCPeerConnection) -> None:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind not in ("audio", "video"):
                     continue
@@ -71,27 +70,11 @@ class WHEPServer:
                     viewer.tracks.append(track)
             if not viewer.tracks:
                 raise APIError(400, "the offer asks for no audio or video this session can send")
-            await pc.setLocalDescription(await pc.createAnswer())
-        except APIError:
-            await self.close(viewer.id)
-            raise
-        except Exception as e:  # whatever aiortc raised: nothing half-made stays behind
-            await self.close(viewer.id)
-            raise APIError(400, f"malformed SDP offer: {offer_error(e)}") from None
-        except BaseException:
-            await asyncio.shield(self.close(viewer.id))
-            raise
-        self._owner.spawn(self._reap_unconnected(viewer), f"reap-{viewer.id}")
-        log.info("WHEP viewer %s joined session %s", viewer.id, session.id)
-        return viewer, pc.localDescription.sdp
 
-    async def _reap_unconnected(self, viewer: Viewer) -> None:
-        await asyncio.sleep(self.connect_timeout_s)
-        if self.viewers.get(viewer.id) is viewer and viewer.pc.connectionState != "connected":
-            log.info(
-                "WHEP viewer %s did not connect within %.0f s; closing it", viewer.id, self.connect_timeout_s
-            )
-            await self.close(viewer.id)
+        answer = await peer.answer(sdp, add_tracks)
+        self._owner.spawn(peer.reap_unconnected(), f"reap-{vid}")
+        log.info("WHEP viewer %s joined session %s", vid, session.id)
+        return viewer, answer.sdp
 
     async def close(self, viewer_id: str) -> bool:
         viewer = self.viewers.pop(viewer_id, None)
@@ -99,7 +82,7 @@ class WHEPServer:
             return False
         for track in viewer.tracks:
             track.stop()
-        await viewer.pc.close()
+        await viewer.peer.close()
         return True
 
     async def close_session(self, session: Session) -> None:

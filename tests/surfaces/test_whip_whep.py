@@ -149,6 +149,30 @@ async def test_whip_ingest_starts_a_session_that_listens(server: LiveServer) -> 
     await pc.close()
 
 
+async def test_whip_refused_by_a_full_engine_says_when_to_retry(surface_models: EngineModels) -> None:
+    """A capacity refusal of a WHIP session is the console's: 503, Retry-After, the resource named."""
+    settings = base_settings()
+    settings.server.max_sessions = 1
+    settings.capacity.retry_after_s = 9
+    async with live_server(settings, surface_models) as server:
+        host = EngineConnection(server.url, MediaClock(), token=server.token)
+        await host.open(with_video=False)
+        pc = RTCPeerConnection()
+        try:
+            pc.addTransceiver("audio", direction="sendonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            async with aiohttp.ClientSession(headers=server.auth) as http:
+                status, headers, body = await post_sdp(
+                    http, f"{server.url}/api/whip", pc.localDescription.sdp
+                )
+            assert status == 503 and headers.get("Retry-After") == "9", (status, headers, body)
+            assert json.loads(body)["resource"] == "max_sessions"
+            assert list(server.engine.sessions) == [host.session_id]
+        finally:
+            await pc.close()
+            await host.close()
+
+
 def _gst_has(element: str) -> bool:
     try:
         return subprocess.run(["gst-inspect-1.0", element], capture_output=True, timeout=20).returncode == 0
