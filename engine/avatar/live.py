@@ -5,6 +5,10 @@ together are rendered together, one batched call per profile, in one render
 thread (so several sessions on one GPU share a launch, and the CPU never runs
 two renders at once). :class:`SessionVideo` is one session's
 :class:`~engine.transport.video_out.FrameSource`.
+
+Nothing per frame runs on the event loop: the animator's pose (``Animator.params_at``, which reads one
+immutable snapshot of its state, see engine/avatar/animator.py), the render and the compositing all run
+in the render thread; the loop only queues the request and awaits its future.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ FPS = 30
 Region = tuple[int, int, int, int]
 # runs in the render thread on one rendered RGBA frame, the region that can change and what did change
 Finish = Callable[[np.ndarray, Region, Damage | None], VideoFrame]
+# runs in the render thread: the parameter vector of the frame to render
+Pose = Callable[[], np.ndarray]
 
 
 def changing_region(backend: FrameBackend) -> Region:
@@ -58,7 +64,7 @@ def renderer_factory(config: AvatarConfig) -> RendererFactory:
 
 @dataclass
 class _Job:
-    params: np.ndarray
+    pose: Pose  # runs in the render thread
     finish: Finish  # runs in the render thread on the rendered RGBA frame
     done: asyncio.Future[VideoFrame]
     result: VideoFrame | None = None
@@ -83,11 +89,11 @@ class RenderPool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self.backend, profile)
 
-    async def render(self, profile: str, params: np.ndarray, finish: Finish) -> VideoFrame:
-        """Render ``params`` and ``finish`` the frame into a video frame, off the loop.
+    async def render(self, profile: str, pose: Pose, finish: Finish) -> VideoFrame:
+        """Pose, render and ``finish`` the frame into a video frame, all off the loop.
         Requests from all sessions made in the same loop tick share one batched call."""
         loop = asyncio.get_running_loop()
-        job = _Job(params, finish, loop.create_future())
+        job = _Job(pose, finish, loop.create_future())
         batch = self._pending.setdefault(profile, [])
         batch.append(job)
         if len(batch) == 1:
@@ -115,7 +121,7 @@ class RenderPool:
 
     def _render_batch(self, profile: str, jobs: list[_Job]) -> None:
         backend = self.backend(profile)
-        frames = backend.render(np.stack([j.params for j in jobs]))
+        frames = backend.render(np.stack([j.pose() for j in jobs]))
         region = changing_region(backend)
         damage: list[Damage] | None = getattr(backend, "damage", None)
         for i, job in enumerate(jobs):
@@ -188,7 +194,7 @@ class SessionVideo:
         return c
 
     async def frame_at(self, t: float) -> VideoFrame:
-        params = self.animator.params_at(t, compensation_s=self.compensation())
+        animator, compensation = self.animator, self.compensation
         own = self.config.packed_alpha
         packed_too = not own and PACKED in self._wants
         extras: dict[str, VideoFrame] = {}
@@ -202,6 +208,9 @@ class SessionVideo:
                 extras[PACKED] = VideoFrame.from_ndarray(packed, format="yuv420p")
             return VideoFrame.from_ndarray(i420, format="yuv420p")  # a copy: the buffer is updated next frame
 
-        frame = await self.pool.render(self.profile, params, finish)
+        def pose() -> np.ndarray:  # in the render thread: the animator reads one snapshot of its state
+            return animator.params_at(t, compensation_s=compensation())
+
+        frame = await self.pool.render(self.profile, pose, finish)
         self.extras = extras
         return frame
