@@ -114,7 +114,6 @@ class Engine:
         if settings.avatar.enabled:
             settings.avatar.profile = resolve_profile(settings.avatar.profile)  # type: ignore[assignment]
             self.render_pool = RenderPool(renderer_factory(settings.avatar))
-            self.on_session_created.append(self._attach_avatar)
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -183,7 +182,11 @@ class Engine:
             raise EngineBusy(refusal.message, refusal.resource, refusal.retry_after_s)
         sid = uuid.uuid4().hex[:12]
         prompt = self.prompt_factory(sid) if self.prompt_factory else None
+        # The session's media is built with it, before anyone sees it: its audio track (in Session) and
+        # its face (video source + track), both tappable from birth (engine/transport/taps.py).
         session = Session(sid, self.settings, self.models, prompt=prompt, metrics=self.turn_metrics)
+        if self.render_pool is not None:
+            attach_avatar(session, self.render_pool)
         self.sessions[sid] = session
         self._sessions_gauge.set(len(self.sessions))
         for hook in self.on_session_created:
@@ -209,10 +212,6 @@ class Engine:
         self.persona = await asyncio.to_thread(open_persona, self.settings, self.models)
         persona = self.persona
         self.prompt_factory = lambda sid: persona
-
-    async def _attach_avatar(self, session: Session) -> None:
-        assert self.render_pool is not None
-        attach_avatar(session, self.render_pool)
 
     async def shutdown(self) -> None:
         for sid in list(self.sessions):

@@ -14,7 +14,6 @@ from engine.server.webrtc import PeerManager
 from engine.session.bus import Observer
 from engine.session.session import Session, SessionClosed
 from engine.surfaces.chat_queue import ChatQueue
-from engine.surfaces.media import SessionMedia
 from engine.surfaces.mqtt_bus import MQTTBus
 from engine.surfaces.payloads import ChatIn, ControlIn
 from engine.surfaces.rtmp import RTMPStreamer
@@ -30,14 +29,11 @@ class Surfaces:
         settings = engine.settings
         self.engine = engine
         self.peers = peers
-        self.media = SessionMedia()
         self.chats: dict[str, ChatQueue] = {}
         self.rtmp: dict[str, RTMPStreamer] = {}
         self.order: list[str] = []  # session ids, oldest first
         ice = settings.server.ice_servers
-        self.whep = WHEPServer(
-            self.media, ice, settings.surfaces.max_viewers, settings.server.connect_timeout_s
-        )
+        self.whep = WHEPServer(ice, settings.surfaces.max_viewers, settings.server.connect_timeout_s)
         self.whip = WHIPServer(engine, peers, ice)
         self.mqtt: MQTTBus | None = None
         if settings.mqtt.enabled:
@@ -68,7 +64,6 @@ class Surfaces:
     # ---- sessions --------------------------------------------------------------------------------
 
     async def _created(self, session: Session) -> None:
-        await self.media.on_session_created(session)
         self.chats[session.id] = ChatQueue(session, self.engine.settings.surfaces.chat)
         self.order.append(session.id)
         if self.mqtt is not None:
@@ -99,7 +94,6 @@ class Surfaces:
             session.bus.remove_observer(observer)
         if sid in self.order:
             self.order.remove(sid)
-        await self.media.on_session_closed(session)
         if self.mqtt is not None:
             self.mqtt.publish(f"{self.mqtt.prefix}/{sid}/state", {"state": "closed"}, True)
             self._publish_sessions()
@@ -124,7 +118,7 @@ class Surfaces:
                 {
                     "id": sid,
                     "connected": sid in self.peers.connected,
-                    "video": self.media.has_video(session),
+                    "video": session.video_track is not None,
                     "viewers": self.whep.count(sid),
                     "packed_alpha": self.engine.settings.avatar.packed_alpha,
                     "rtmp": self.rtmp[sid].status() if sid in self.rtmp else None,
@@ -174,7 +168,6 @@ class Surfaces:
         await self.stop_rtmp(session.id)
         streamer = RTMPStreamer(
             session,
-            self.media,
             self.engine.settings.surfaces.rtmp,
             url,
             packed_alpha=self.engine.settings.avatar.packed_alpha,

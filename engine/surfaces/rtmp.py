@@ -31,9 +31,9 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from engine.events import RTMPState
 from engine.session.session import Session
 from engine.surfaces.config import RTMPConfig
-from engine.surfaces.media import SessionMedia
 from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport import encoders
+from engine.transport.taps import tap
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,10 @@ def target_allowed(url: str, config: RTMPConfig) -> bool:
 
 
 class RTMPStreamer:
-    def __init__(
-        self, session: Session, media: SessionMedia, config: RTMPConfig, url: str, packed_alpha: bool = False
-    ) -> None:
+    def __init__(self, session: Session, config: RTMPConfig, url: str, packed_alpha: bool = False) -> None:
         if not url.startswith(("rtmp://", "rtmps://")):
             raise ValueError(f"expected an rtmp:// or rtmps:// URL (got {redact(url)!r})")
         self.session = session
-        self.media = media
         self.config = config
         self.url = url
         self.packed_alpha = packed_alpha
@@ -94,12 +91,12 @@ class RTMPStreamer:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        audio = self.media.tap(self.session, "audio", max_ms=1000.0)
+        audio = tap(self.session, "audio", max_ms=1000.0)
         if audio is None:
             raise RuntimeError(f"session {self.session.id} has no audio to stream")
         self._tracks.append(audio)
         self._owner.spawn(self._pump(audio, self._audio), "audio-pump")
-        video = self.media.tap(self.session, "video")
+        video = tap(self.session, "video")
         if video is not None:
             self._tracks.append(video)
             self._owner.spawn(self._pump(video, self._video), "video-pump")
@@ -147,6 +144,9 @@ class RTMPStreamer:
         delay = self.config.reconnect_min_s
         while not self._stop.is_set():
             self._set_state("connecting")
+            # Wall time, deliberately: how long a connection to the RTMP server lasted decides the reconnect
+            # backoff; that is the network's time, in the encoder thread, and no media is timed by it (the
+            # stream's timeline is the audio's, from the session clock's pts).
             started = time.monotonic()
             try:
                 self._stream_once()
@@ -157,7 +157,7 @@ class RTMPStreamer:
                 # the API and the events say only that it failed: the reason (refused, timed out…)
                 # would turn the egress into a port scanner; the engine log has it
                 self._set_state("reconnecting", "the stream did not go through (the engine log says why)")
-            if time.monotonic() - started > 10:  # it had been working: start the backoff over
+            if time.monotonic() - started > 10:  # it had been working (wall time, as above): backoff over
                 delay = self.config.reconnect_min_s
             if self._stop.wait(delay):
                 break

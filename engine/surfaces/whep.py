@@ -1,7 +1,7 @@
 """WHEP egress: viewers (players, the OBS page, other tools) pull an existing session's audio and video.
 
 Each viewer gets its own peer connection fed by taps on the session's tracks (see
-:mod:`engine.surfaces.media`), so viewers never take frames from the host's own peer.
+:mod:`engine.transport.taps`), so viewers never take frames from the host's own peer.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from aiortc.mediastreams import MediaStreamTrack
 from engine.server.errors import APIError
 from engine.server.peer import Peer
 from engine.session.session import Session
-from engine.surfaces.media import SessionMedia
 from engine.surfaces.sdp_http import rtc_configuration
 from engine.tasks import TaskOwner
+from engine.transport.taps import tap
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,7 @@ class Viewer:
 
 
 class WHEPServer:
-    def __init__(
-        self, media: SessionMedia, ice_servers: list[str], max_viewers: int, connect_timeout_s: float = 20.0
-    ) -> None:
-        self.media = media
+    def __init__(self, ice_servers: list[str], max_viewers: int, connect_timeout_s: float = 20.0) -> None:
         self.connect_timeout_s = connect_timeout_s
         self._owner = TaskOwner("whep")
         self.ice_servers = ice_servers
@@ -64,7 +61,7 @@ class WHEPServer:
             for transceiver in pc.getTransceivers():
                 if transceiver.kind not in ("audio", "video"):
                     continue
-                track = self.media.tap(session, transceiver.kind, max_ms=400.0, variant=video)
+                track = tap(session, transceiver.kind, max_ms=400.0, variant=video)
                 if track is not None:
                     pc.addTrack(track)
                     viewer.tracks.append(track)

@@ -5,30 +5,31 @@ from __future__ import annotations
 import fractions
 import logging
 
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from engine.clock import Clock
 from engine.transport.playout import PlayoutBuffer
 from engine.transport.send_delay import SendDelay
+from engine.transport.taps import TappedTrack
 
 log = logging.getLogger(__name__)
 
 PTIME_S = 0.020
 
 
-class IdolAudioTrack(MediaStreamTrack):
+class IdolAudioTrack(TappedTrack):
     """Pull-based: each ``recv`` waits for the frame's clock time, then takes 20 ms from the buffer.
 
     Frame ``i`` carries pts ``round(t_i * rate)`` where ``t_i`` is its clock time, so the
-    audio pts and the video pts (``round(t * 90000)``) live on one timeline.
+    audio pts and the video pts (``round(t * 90000)``) live on one timeline. Tappable from birth
+    (engine/transport/taps.py): WHEP viewers and RTMP read taps, the host's peer the track.
     """
 
     kind = "audio"
 
     def __init__(self, clock: Clock, playout: PlayoutBuffer) -> None:
-        super().__init__()
-        self.clock = clock
+        super().__init__(clock)
         self.playout = playout
         self.rate = playout.rate
         self.samples_per_frame = int(self.rate * PTIME_S)
@@ -37,7 +38,7 @@ class IdolAudioTrack(MediaStreamTrack):
         self.late_frames = 0
         self.send_delay = SendDelay()
 
-    async def recv(self) -> AudioFrame:
+    async def produce(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
         self.send_delay.next_requested(self.clock.now())

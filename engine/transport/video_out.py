@@ -18,12 +18,13 @@ import logging
 import math
 from typing import Protocol
 
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
 from av import VideoFrame
 
 from engine.clock import Clock
 from engine.transport import encoders
 from engine.transport.send_delay import SendDelay
+from engine.transport.taps import Media, TappedTrack
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,15 @@ class FrameSource(Protocol):
     async def frame_at(self, t: float) -> VideoFrame: ...
 
 
-class IdolVideoTrack(MediaStreamTrack):
+class IdolVideoTrack(TappedTrack):
+    """Tappable from birth (engine/transport/taps.py); each tap's copy of a frame is made off the loop."""
+
     kind = "video"
+    copy_off_loop = True
 
     def __init__(self, clock: Clock, source: FrameSource, render_ahead_s: float = 0.02) -> None:
-        super().__init__()
+        super().__init__(clock)
         encoders.install()  # this track's encoder (and every other session's) shares the cores by one policy
-        self.clock = clock
         self.source = source
         self.render_ahead_s = render_ahead_s
         self._t0: float | None = None
@@ -63,11 +66,14 @@ class IdolVideoTrack(MediaStreamTrack):
         want(variant, on)
         return True
 
+    def picture(self, frame: Media, variant: str | None) -> Media:
+        return self.extras.get(variant, frame) if variant is not None else frame
+
     @property
     def fps(self) -> int:
         return self.source.fps
 
-    async def recv(self) -> VideoFrame:
+    async def produce(self) -> VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
         self.send_delay.next_requested(self.clock.now())

@@ -59,7 +59,7 @@ async def test_obs_page_is_transparent_where_the_idol_is_not(
             )
             assert size[2] == 2 * size[0], size
             # while the session's own picture (what the console shows) stays plain
-            video = server.engine.sessions[host.session_id].video_track.source.source  # type: ignore[attr-defined]
+            video = server.engine.sessions[host.session_id].video_source  # the SessionVideo
             assert video.pictures == {"own": (640, 360), "packed": (1280, 360)}, video.pictures
         finally:
             await host.close()
