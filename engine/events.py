@@ -3,7 +3,10 @@
 Each event class says how it behaves on interruption (barge-in):
 
 * ``interruptible = True``: reply data (tokens, chunks, synthesized audio). On
-  barge-in every queue holding such events is flushed and they are dropped.
+  barge-in they are dropped wherever they wait: the bus drops the queued ones of every
+  subscriber when it publishes the :class:`Interruption` (by this flag), the playout
+  buffer (only :class:`SpeechAudio`) is flushed and the reply task, with its queue of
+  :class:`ReplyChunk`, cancelled.
 * ``interruptible = False``: control and input events (VAD, transcripts, turn
   boundaries, errors, host commands). They are never dropped.
 

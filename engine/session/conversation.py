@@ -89,8 +89,8 @@ class Conversation:
         t = self.parts.clock.now()
         cut = self.parts.playout.next_sample_time()
         for heard in self.parts.playout.flush():
-            if (owner := self._live.get(heard.audio.turn_id)) is not None:
-                owner.heard.append(heard)
+            if (cut_turn := self._live.get(heard.audio.turn_id)) is not None:
+                cut_turn.heard.append(heard)
         if turn is not None:
             turn.interrupted = True
         self._chunk_done.set()
