@@ -18,7 +18,7 @@ def _add_config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from engine.server.run import serve
+    from engine.app import serve
 
     if args.host:
         settings.server.host = args.host

@@ -1,9 +1,12 @@
-"""The HTTP face of the engine: pages, signaling, the session API, events and metrics."""
+"""The HTTP face of the engine: the console page, signaling, the session API, events and metrics.
+
+The surfaces (WHIP/WHEP/RTMP, chat, the OBS and overlay pages) and the persona's routes are added by the
+application (engine/app.py): engine.server does not import them.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -23,9 +26,8 @@ from engine.server.guard import CREDENTIALS_KEY, allowed_host_names, make_guard
 from engine.server.openapi import openapi
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
-from engine.surfaces.routes import register_surfaces
+from engine.tasks import TaskOwner
 from engine.transport.ice import register_ice_routes
-from persona.http import register_routes as register_persona_routes
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +131,12 @@ async def events(request: web.Request) -> web.StreamResponse:
             if msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
                 break
 
-    reader = asyncio.ensure_future(drain_incoming())
+    owner = TaskOwner(f"events-{session.id}")  # this socket's two tasks, cancelled when it ends
+    reader = owner.spawn(drain_incoming(), "reader")
     try:
         async with session.bus.subscribe() as queue:
             while not ws.closed:
-                get = asyncio.ensure_future(queue.get())
+                get = owner.spawn(queue.get(), "next")
                 done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if get not in done:
                     get.cancel()
@@ -143,9 +146,7 @@ async def events(request: web.Request) -> web.StreamResponse:
                     break
                 await ws.send_str(json.dumps(event, default=str))
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await owner.cancel_all()
         await ws.close()
     return ws
 
@@ -160,11 +161,12 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_app(
+def create_server_app(
     settings: Settings, engine: Engine | None = None, credentials: Credentials | None = None
 ) -> web.Application:
-    """The engine's web application. ``credentials``: who may do what (default: from the settings,
-    the host token made on first start; raises :class:`~engine.server.credentials.CredentialError`)."""
+    """The server's part of the web application (engine/app.py adds the rest). ``credentials``: who may
+    do what (default: from the settings, the host token made on first start; raises
+    :class:`~engine.server.credentials.CredentialError`)."""
     engine = engine or Engine(settings)
     if credentials is None:
         credentials, _ = Credentials.from_settings(settings.server.host_token, settings.server.secrets_dir)
@@ -195,8 +197,6 @@ def create_app(
     app.router.add_static("/web/", WEB_DIR, show_index=False)
     register_auth_routes(app)
     app.router.add_get("/api/openapi.json", openapi)
-    register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
-    register_surfaces(app, engine, app[PEERS_KEY])
     register_ice_routes(app, settings.server)
 
     async def on_startup(app: web.Application) -> None:

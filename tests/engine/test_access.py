@@ -15,11 +15,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from engine.app import create_app, serve
 from engine.config import load_settings
-from engine.server.app import create_app
 from engine.server.credentials import Credentials, load_or_create_host_token
 from engine.server.engine import Engine
-from engine.server.run import serve
 from tests.engine.conftest import free_port
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from engine.app import create_app
 from engine.config import load_settings
-from engine.server.app import create_app
 from engine.server.credentials import Credentials
 from engine.server.engine import Engine
 from tests.engine.conftest import free_port

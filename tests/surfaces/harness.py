@@ -15,9 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.app import create_app
 from engine.config import Settings, load_settings
 from engine.models import EngineModels, load_models
-from engine.server.app import create_app
 from engine.server.credentials import Credentials
 from engine.server.engine import Engine
 from engine.surfaces.hub import Surfaces

@@ -1,4 +1,9 @@
-"""Run the engine's HTTP server until interrupted."""
+"""The application: the HTTP server (engine.server), the streamer surfaces and the persona, wired into one
+aiohttp app (:func:`create_app`), and run until interrupted (:func:`serve`, what ``idolcast serve`` runs).
+
+This is the only module that knows all three: engine.server never imports engine.surfaces (the surfaces
+hang off the engine's session hooks and the peer manager), and persona's routes are registered here.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,18 @@ import logging
 import sys
 from pathlib import Path
 
+from aiohttp import web
+
 from engine.config import Settings
 from engine.native import preload_native_modules
-from engine.server.app import ENGINE_KEY, create_app
+from engine.server.app import ENGINE_KEY, PEERS_KEY, create_server_app
 from engine.server.credentials import HOST_TOKEN_FILE, CredentialError, Credentials
 from engine.server.drain import serve_until_signalled
+from engine.server.engine import Engine
 from engine.server.guard import is_loopback
 from engine.surfaces.broker import BrokerStartError
+from engine.surfaces.routes import register_surfaces
+from persona.http import register_routes as register_persona_routes
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,19 @@ def exposed_warning(host: str, allowed_hosts: list[str]) -> str:
         f"a remote browser (open it with #token=…). Host names answered besides loopback: {names}.\n"
         f"Use TLS in front (a reverse proxy) on any network you do not trust.\n{bar}"
     )
+
+
+def create_app(
+    settings: Settings, engine: Engine | None = None, credentials: Credentials | None = None
+) -> web.Application:
+    """The engine's whole web application: the server's routes, then the persona's and the surfaces'.
+    ``credentials``: who may do what (default: from the settings, the host token made on first start;
+    raises :class:`~engine.server.credentials.CredentialError`)."""
+    app = create_server_app(settings, engine, credentials)
+    engine = app[ENGINE_KEY]
+    register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
+    register_surfaces(app, engine, app[PEERS_KEY])
+    return app
 
 
 def serve(settings: Settings) -> int:
