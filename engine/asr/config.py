@@ -37,6 +37,13 @@ class ASRConfig(BaseModel):
         le=5000,
         description="re-decode period while speaking (a partial in flight delays the final)",
     )
+    gpu_lanes: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="transformers backend on CUDA: decodes at once, each with its own CUDA stream, caches "
+        "and graphs (one serves partials, the rest speculations and finals); 1 = one decode at a time",
+    )
     cpu_threads: int = Field(
         0, ge=0, description="0 = auto: half the cores, 1 to 4 (other stages share the CPU)"
     )

@@ -19,10 +19,12 @@ is kept here rather than imported.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
 import re
-import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +81,27 @@ def window_frames(audio_s: float, window_s: float) -> int:
     return int(round(want * FRAMES_PER_S))
 
 
+@dataclass(slots=True)
+class _Lane:
+    """One decode at a time: a graph decoder (its own caches and captured graphs) and, on a CUDA device
+    with several lanes, its own stream, so lanes' decodes overlap on the GPU."""
+
+    graph: WhisperGraphDecoder
+    stream: torch.cuda.Stream | None
+
+
+def _lanes(config: ASRConfig, device: str) -> int:
+    """Decodes at once: ``asr.gpu_lanes`` on a CUDA device, one on the CPU (its threads are the limit)."""
+    return config.gpu_lanes if device.startswith("cuda") else 1
+
+
 class TorchWhisperDecoder:
-    """Model + feature extractor + tokenizer; :meth:`decode` is blocking and serialised by a lock."""
+    """Model + feature extractor + tokenizer; :meth:`decode` is blocking.
+
+    ``lanes`` decodes run at once, each on a lane of its own (the weights are shared). One lane
+    serialised every session's partials, speculations and finals: with 16 hosts on an H200 the final came
+    1.6-3.7 s after the end of speech (docs/PERFORMANCE.md, "H200: many sessions").
+    """
 
     def __init__(
         self,
@@ -90,19 +111,23 @@ class TorchWhisperDecoder:
         window_s: float = 10.0,
         max_len: int = 448,
         random_weights: bool = False,
+        lanes: int = 1,
     ) -> None:
         self.model = model
         self.random_weights = random_weights
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.window_s = window_s
-        self.graph = WhisperGraphDecoder(model, max_len=max_len)
+        self.graph = WhisperGraphDecoder(model, max_len=max_len)  # lane 0's; the others share its settings
+        graphs = [self.graph] + [
+            WhisperGraphDecoder(model, max_len=max_len) for _ in range(max(1, lanes) - 1)
+        ]
         self.prompt = prompt_ids_for(model)
         gen: Any = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         self.eos: int | None = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else None
         self.begin_suppress: list[int] = list(getattr(gen, "begin_suppress_tokens", None) or [])
-        self.graph.set_suppressed(list(getattr(gen, "suppress_tokens", None) or []))
+        suppressed = list(getattr(gen, "suppress_tokens", None) or [])
         no_speech = None
         for name in ("<|nospeech|>", "<|nocaptions|>"):
             tid = tokenizer.convert_tokens_to_ids(name) if tokenizer is not None else None
@@ -111,9 +136,25 @@ class TorchWhisperDecoder:
                 break
         if random_weights:
             no_speech = NO_SPEECH_IDS.get(self.graph.vocab, no_speech)
-            self.graph.set_suppressed(self._unspeakable(tokenizer))
+            suppressed = self._unspeakable(tokenizer)
+        for g in graphs:
+            g.set_suppressed(suppressed)
         self.no_speech_id: int | None = no_speech
-        self._lock = threading.Lock()
+        on_cuda = self.graph.device.type == "cuda" and len(graphs) > 1
+        self.lanes = [_Lane(g, torch.cuda.Stream(g.device) if on_cuda else None) for g in graphs]
+        self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
+        for lane in self.lanes:
+            self._free.put(lane)
+
+    @contextlib.contextmanager
+    def _lane(self) -> Iterator[_Lane]:
+        """A free lane (blocking until one is), its stream current while it is held."""
+        lane = self._free.get()
+        try:
+            with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
+                yield lane
+        finally:
+            self._free.put(lane)
 
     def _unspeakable(self, tokenizer: Any) -> list[int]:
         """Every id but EOS and the tokenizer's word-like ones (random-weight shapes only)."""
@@ -144,7 +185,7 @@ class TorchWhisperDecoder:
         model = model.to(device).eval()
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
-        return cls(model, fe, tok, window_s=config.window_s)
+        return cls(model, fe, tok, window_s=config.window_s, lanes=_lanes(config, device))
 
     @classmethod
     def load_random(cls, config: ASRConfig) -> TorchWhisperDecoder:
@@ -167,21 +208,27 @@ class TorchWhisperDecoder:
         dtype = torch.float16 if device == "cuda" else torch.float32
         model = build_whisper(shape, device, dtype)
         fe = WhisperFeatureExtractor(feature_size=int(WHISPER_SHAPES[shape]["num_mel_bins"]))
-        return cls(model, fe, tok, window_s=config.window_s, random_weights=True)
+        return cls(
+            model, fe, tok, window_s=config.window_s, random_weights=True, lanes=_lanes(config, device)
+        )
 
     def warm(self) -> None:
-        """One decode of a second of quiet noise, then the decoder step's graph for every longer window:
-        all captures happen now, before any session, not in a turn. (A capture while another thread
-        launches work on the same GPU breaks one of them: see the CUDA-graph avatar backend.)"""
+        """On every lane, one decode of a second of quiet noise, then the decoder step's graph for every
+        longer window: all captures happen now, before any session, not in a turn. (A capture while another
+        thread launches work on the same GPU breaks one of them: see the CUDA-graph avatar backend.)"""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 0.01
-        self.decode(noise, trim=False)
-        frames = {
-            window_frames(s, self.window_s)
-            for s in np.arange(self.window_s, MAX_WINDOW_S + 1e-6, WINDOW_STEP_S)
-        }
-        with self._lock:
-            for f in sorted(frames):
-                self.graph.capture(f // 2)
+        steps = np.arange(self.window_s, MAX_WINDOW_S + 1e-6, WINDOW_STEP_S)
+        frames = sorted({window_frames(float(w), self.window_s) for w in steps})
+        held = [self._free.get() for _ in self.lanes]  # every lane, so each is warmed once
+        try:
+            for lane in held:
+                with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
+                    self._decode_piece(lane, noise)
+                    for f in frames:
+                        lane.graph.capture(f // 2)
+        finally:
+            for lane in held:
+                self._free.put(lane)
 
     @property
     def device(self) -> str:
@@ -211,7 +258,8 @@ class TorchWhisperDecoder:
             pad = int(PAD_S * SAMPLE_RATE)
             audio = audio[max(0, bounds[0] - pad) : bounds[1] + pad]
         piece = int(MAX_WINDOW_S * SAMPLE_RATE)
-        parts = [self._decode_piece(audio[i : i + piece]) for i in range(0, len(audio), piece)]
+        with self._lane() as lane:
+            parts = [self._decode_piece(lane, audio[i : i + piece]) for i in range(0, len(audio), piece)]
         text = " ".join(p.text for p in parts if p.text)
         return TorchDecode(
             text=text,
@@ -223,19 +271,19 @@ class TorchWhisperDecoder:
             tokens=sum(p.tokens for p in parts),
         )
 
-    def _decode_piece(self, audio: np.ndarray) -> TorchDecode:
+    def _decode_piece(self, lane: _Lane, audio: np.ndarray) -> TorchDecode:
         audio_s = len(audio) / SAMPLE_RATE
         frames = window_frames(audio_s, self.window_s)
         mel = self.features(audio, frames)
         max_new = min(MAX_NEW_TOKENS, int(audio_s * 6) + 8, self.graph.max_len - len(self.prompt) + 1)
         if self.random_weights:
             max_new = min(max_new, random_decode_tokens(audio_s))
-        g = self.graph
-        with self._lock, torch.no_grad():
+        g = lane.graph
+        with torch.no_grad():
             t0 = time.perf_counter()
             g.set_encoder(g.encode(mel))
-            if g.device.type == "cuda":
-                torch.cuda.synchronize(g.device)
+            if g.device.type == "cuda":  # this lane's stream only: the other lanes go on
+                (lane.stream or torch.cuda.current_stream(g.device)).synchronize()
             t1 = time.perf_counter()
             no_speech = 0.0
             if self.no_speech_id is not None:  # the no-speech probability after <|startoftranscript|>
@@ -265,7 +313,11 @@ class TorchWhisperASR:
     def __init__(self, decoder: TorchWhisperDecoder, name: str = "whisper") -> None:
         self.decoder = decoder
         self.name = name
+        # partials on one thread (one lane at most), speculations and finals on the others: a partial in
+        # flight never holds a final back while a lane is free
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        finals = max(1, len(decoder.lanes) - 1)
+        self.final_executor = ThreadPoolExecutor(max_workers=finals, thread_name_prefix="asr-final")
 
     @classmethod
     def load(cls, config: ASRConfig) -> TorchWhisperASR:
@@ -281,7 +333,10 @@ class TorchWhisperASR:
         d = self.decoder
         graph = "CUDA graphs" if d.graph.use_graph else "eager"
         weights = ", random weights: benchmarks only" if d.random_weights else ""
-        return f"transformers whisper {self.name} ({d.device}, {graph}, {d.window_s:g} s window{weights})"
+        lanes = f", {len(d.lanes)} lanes" if len(d.lanes) > 1 else ""
+        return (
+            f"transformers whisper {self.name} ({d.device}, {graph}{lanes}, {d.window_s:g} s window{weights})"
+        )
 
     async def transcribe(self, audio: np.ndarray) -> TorchDecode:
         loop = asyncio.get_running_loop()
@@ -289,6 +344,7 @@ class TorchWhisperASR:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.final_executor.shutdown(wait=False, cancel_futures=True)
 
 
 class TorchWhisperStream(SpeculativeStream[TorchDecode]):

@@ -270,3 +270,29 @@ def test_features_padded_to_the_window_equal_the_30_s_ones() -> None:
     got = decoder.features(audio, 1000)
     assert got.shape == (1, 80, 1000)
     assert torch.equal(got, full[:, :, :1000])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_lanes_decode_at_once_and_agree_with_one(device: str) -> None:
+    """Two lanes (each its own caches, graphs and, on CUDA, stream) decoding different audio at the same
+    time give what one lane gives for each alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import WhisperFeatureExtractor
+
+    from engine.asr.torch_whisper import TorchWhisperDecoder
+
+    model = _toy() if device == "cpu" else build_whisper("toy", "cuda", torch.float16, std=0.05)
+    fe, tok = WhisperFeatureExtractor(feature_size=80), _FakeTokenizer()
+    one = TorchWhisperDecoder(model, fe, tok, max_len=64)
+    two = TorchWhisperDecoder(model, fe, tok, max_len=64, lanes=2)
+    assert len(one.lanes) == 1 and len(two.lanes) == 2
+    assert (two.lanes[0].stream is not None) == (device == "cuda")
+    two.warm()
+    gen = np.random.default_rng(3)
+    clips = [(0.1 * gen.standard_normal(n)).astype(np.float32) for n in (16000, 24000, 20000, 30000)]
+    alone = [one.decode(c).text for c in clips]
+    assert all(alone)
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda c: two.decode(c).text, clips))
+    assert together == alone
