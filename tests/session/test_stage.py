@@ -27,12 +27,15 @@ from tests.session.harness import speech_48k, stage
 
 pytestmark = pytest.mark.integration
 
+EOT_MS = 4000
+
 
 def _slow_end_of_turn(settings: Settings, models: EngineModels) -> tuple[Settings, EngineModels]:
-    """The end of the turn 2.5 s into the silence: the speculative transcript is ready long before it,
-    so an early reply always starts, and a pause shorter than that can cancel it."""
+    """The end of the turn 4 s into the silence: the speculative transcript and its end-of-turn score are
+    ready long before it (even on a loaded machine), so an early reply always starts, and a pause shorter
+    than that can cancel it."""
     slow = settings.model_copy(deep=True)
-    slow.vad.end_of_turn_silence_ms = 2500
+    slow.vad.end_of_turn_silence_ms = EOT_MS
     slow.vad.end_of_turn_finished_ms = 0
     return slow, dataclasses.replace(models, new_vad=load_vad_factory(slow.vad))
 
@@ -83,7 +86,7 @@ async def test_an_early_reply_is_confirmed_at_the_end_of_the_turn_and_only_then_
 ) -> None:
     slow, slow_models = _slow_end_of_turn(settings, models)
     async with stage(slow, slow_models) as s:
-        s.say(speech_48k("What is your favorite color?"), then_silence_s=3.5)
+        s.say(speech_48k("What is your favorite color?"), then_silence_s=EOT_MS / 1000 + 1)
         done = await s.until_event(TurnCompleted)
         assert s.session.early_replies == {"started": 1, "confirmed": 1, "cancelled": 0}
         kinds = s.kinds()
@@ -93,7 +96,7 @@ async def test_an_early_reply_is_confirmed_at_the_end_of_the_turn_and_only_then_
         assert done.timings["early_reply"] is True
         assert stages["llm_first_token"] < stages["end_of_turn"], stages  # it started in the silence
         speech_end = s.of(SpeechEnded)[0].t
-        assert s.loud_at()[0] - speech_end >= 2.5, "reply audio during the silence"
+        assert s.loud_at()[0] - speech_end >= EOT_MS / 1000, "reply audio during the silence"
 
 
 async def test_an_early_reply_is_dropped_when_the_host_goes_on(
@@ -102,8 +105,10 @@ async def test_an_early_reply_is_dropped_when_the_host_goes_on(
     slow, slow_models = _slow_end_of_turn(settings, models)
     async with stage(slow, slow_models) as s:
         s.say(speech_48k("What is your favorite"))
-        await s.run_until(lambda: s.session.early_replies["started"] == 1 and s.host_done, limit_s=5)
-        s.say(speech_48k("color in the whole world?", lead_s=0.0), then_silence_s=3.5)
+        await s.run_until(
+            lambda: s.session.early_replies["started"] == 1 and s.host_done, limit_s=EOT_MS / 1000
+        )
+        s.say(speech_48k("color in the whole world?", lead_s=0.0), then_silence_s=EOT_MS / 1000 + 1)
         done = await s.until_event(TurnCompleted)
         # the first reply was cancelled; the pause after the whole question started the one confirmed
         assert s.session.early_replies == {"started": 2, "confirmed": 1, "cancelled": 1}
