@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from engine.avatar.live import RenderPool, renderer_factory
 from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
+from engine.llm.factory import close_llm
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
 from engine.server.capacity import CapacityMonitor
@@ -57,6 +58,15 @@ def open_persona(settings: Settings, models: EngineModels) -> Any:
     return PersonaPromptProvider.from_config(settings.persona, token_counter=counter)
 
 
+async def close_models(models: EngineModels) -> None:
+    """Release what the models hold: the ASR's and TTS's worker threads, the LLM's contexts or HTTP pool."""
+    for model in (models.asr, models.tts):
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
+    await close_llm(models.llm)
+
+
 class EngineBusy(Exception):
     """No room for another session: ``resource`` is full (``max_sessions``, ``cpu``, ``gpu_memory``)."""
 
@@ -74,6 +84,7 @@ class Engine:
     def __init__(self, settings: Settings, models: EngineModels | None = None) -> None:
         self.settings = settings
         self.models = models
+        self._owns_models = models is None  # models it loads it closes; models it is handed, their owner does
         self.status = LoadStatus(state="ready" if models else "loading", message="ready" if models else "")
         self.sessions: dict[str, Session] = {}
         self.draining: str | None = None  # why no new session is admitted (engine/server/drain.py)
@@ -221,3 +232,5 @@ class Engine:
             self.render_pool.close()
         if self.persona is not None:
             await self.persona.close()
+        if self._owns_models and self.models is not None:
+            await close_models(self.models)
