@@ -252,7 +252,7 @@ class CapacityMonitor:
         sessions: Callable[[], int],
         talking: Callable[[], int],
         cpu: ProcCPU | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,  # wall time, deliberately: CPU seconds per second
     ) -> None:
         self.config = config
         self.max_sessions = int(settings.server.max_sessions)

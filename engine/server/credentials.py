@@ -184,6 +184,7 @@ class Credentials:
         if len(self.viewers) >= MAX_VIEWER_TOKENS:
             raise ValueError(f"too many viewer tokens (max {MAX_VIEWER_TOKENS}); revoke some first")
         secret = secrets.token_urlsafe(24)
+        # wall time, deliberately: when the token was made, a calendar date for the host to read
         viewer = ViewerToken(uuid.uuid4().hex[:12], label, time.time(), _digest(secret))
         self.viewers[viewer.id] = viewer
         self._save_viewers()

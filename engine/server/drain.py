@@ -37,7 +37,7 @@ async def drain(
 ) -> dict[str, float | int]:
     """Steps 1-4 above, up to the shutdown; returns what happened (for the log)."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start = loop.time()  # the process's time, deliberately: the drain deadline is no session's media time
     engine.draining = DRAIN_MESSAGE
     running = len(engine.sessions)
     log.warning("draining: %d session(s) may run for up to %.0f s", running, timeout_s)
