@@ -1,4 +1,5 @@
-"""WebRTC offer/answer for the host console: the host's mic in, the idol's audio (and video) out."""
+"""The host console's peers (PeerManager): one session per offer, the host's mic in, the idol's audio (and video)
+out, over the shared offer → answer of engine/server/peer.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from engine.events import ConnectionChanged
 from engine.server.engine import Engine, EngineBusy, EngineNotReady
 from engine.server.errors import APIError
-from engine.server.peer import MAX_SDP_BYTES, Peer, offer_error, validate_offer
+from engine.server.peer import Peer, validate_offer
 from engine.session.session import Session
 from engine.tasks import TaskOwner
 from engine.transport import ice
@@ -19,8 +20,6 @@ from engine.transport.ice import rtc_ice_servers
 from engine.transport.mic_in import set_receive_jitter
 
 log = logging.getLogger(__name__)
-
-__all__ = ["MAX_SDP_BYTES", "PeerManager", "offer_error", "unavailable", "validate_offer"]
 
 
 def unavailable(e: EngineNotReady | EngineBusy) -> APIError:
