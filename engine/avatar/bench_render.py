@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.avatar.backends.base import BackendUnavailable, select_backend
+from engine.avatar.backends.base import BackendUnavailable
+from engine.avatar.backends.select import select_backend
 from engine.avatar.params import INDEX, VISEMES
 from engine.avatar.profiles import profile_size
 

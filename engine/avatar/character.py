@@ -1,6 +1,6 @@
 """A character: a rig plus its art, placed into an output frame at a given size.
 
-:func:`load_character` resolves the config's ``character`` string
+``engine.avatar.loaders.load_character`` resolves the config's ``character`` string
 ('builtin:default', a rig folder or file, or a ``.psd``). :meth:`Character.place`
 rasterizes every static part at the output scale (premultiplied float RGBA) and
 builds the dynamic parts (procedural features, sprite blends, fading images)
@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -143,20 +142,6 @@ def _pad_to(img: Tensor, box: Box, ubox: Box) -> Tensor:
     right = ubox[0] + ubox[2] - box[0] - box[2]
     bottom = ubox[1] + ubox[3] - box[1] - box[3]
     return F.pad(img, (left, right, top, bottom))
-
-
-def load_character(spec: str) -> Character:
-    """'builtin:default', a rig file (.yaml/.yml/.json), a folder holding ``rig.yaml``/``rig.json``, or a .psd."""
-    if spec in ("builtin:default", "builtin", "default"):
-        from engine.avatar.default_art import default_rig
-
-        return Character(default_rig())
-    from engine.avatar import loaders
-
-    path = Path(spec)
-    if path.suffix.lower() == ".psd":
-        return loaders.load_psd(path)
-    return loaders.load_rig_folder(path)
 
 
 def clip_box(box: Box, width: int, height: int) -> Box | None:

@@ -26,9 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from engine.avatar import sdf
-from engine.avatar.character import Character, clip_box, load_character
+from engine.avatar.character import Character, clip_box
 from engine.avatar.features import Box
 from engine.avatar.groups import GroupLayer, Motion, exporting, owned, paste
+from engine.avatar.loaders import load_character
 from engine.avatar.params import DEFAULTS, INDEX, NUM_PARAMS
 from engine.avatar.profiles import profile_size
 from engine.avatar.rig import GROUPS

@@ -222,3 +222,15 @@ def _align_variants(
         images[k] = canvas
     spec["at"] = [x0, y0]
     del psd_bboxes
+
+
+def load_character(spec: str) -> Character:
+    """'builtin:default', a rig file (.yaml/.yml/.json), a folder holding ``rig.yaml``/``rig.json``, or a .psd."""
+    if spec in ("builtin:default", "builtin", "default"):
+        from engine.avatar.default_art import default_rig
+
+        return Character(default_rig())
+    path = Path(spec)
+    if path.suffix.lower() == ".psd":
+        return load_psd(path)
+    return load_rig_folder(path)

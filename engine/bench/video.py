@@ -38,8 +38,8 @@ class MouthProbe:
 
     @classmethod
     def for_size(cls, width: int, height: int, character: str = "builtin:default") -> MouthProbe:
-        from engine.avatar.character import load_character
         from engine.avatar.generator import FrameGenerator, rest_params
+        from engine.avatar.loaders import load_character
 
         gen = FrameGenerator(load_character(character), (width, height)).eval()
         shut = gen.new_frames(1)

@@ -7,8 +7,8 @@ import functools
 import pytest
 import torch
 
-from engine.avatar.character import load_character
 from engine.avatar.generator import FrameGenerator
+from engine.avatar.loaders import load_character
 
 # Other processes share this machine's two cores: torch's intra-op threads then spin against each
 # other and small-tensor ops get many times slower. One thread is faster and steadier here.

@@ -12,9 +12,9 @@ from PIL import Image
 
 from engine.avatar.backends.torch_cpu import TorchBackend
 from engine.avatar.bench_render import speaking_params
-from engine.avatar.character import load_character
 from engine.avatar.cpu_render import CpuRenderer, Damage
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
+from engine.avatar.loaders import load_character
 from engine.avatar.params import INDEX, NUM_PARAMS
 from engine.avatar.picture import Compositor
 from tests.avatar.conftest import generator

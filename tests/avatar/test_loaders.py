@@ -10,8 +10,8 @@ import torch
 import yaml
 from PIL import Image
 
-from engine.avatar.character import load_character
 from engine.avatar.generator import FrameGenerator, rest_params
+from engine.avatar.loaders import load_character
 from engine.avatar.rig import RigError
 
 pytestmark = pytest.mark.unit

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from engine.avatar.backends.base import BackendUnavailable
-from engine.avatar.character import Character, load_character
+from engine.avatar.character import Character
 from engine.avatar.export import INPUT_NAME, OUTPUT_NAME, export_onnx, onnx_hash
 from engine.avatar.generator import FrameGenerator
+from engine.avatar.loaders import load_character
 from engine.avatar.params import NUM_PARAMS
 from engine.avatar.profiles import profile_name, profile_size
 
