@@ -368,7 +368,7 @@ class LlamaCppLLM:
     # ---- the worker threads ---------------------------------------------------------------
 
     def _worker(self, messages: list[ChatMessage], key: str | None, chan: PieceChannel) -> None:
-        stats = CallStats()
+        stats = chan.stats
         self.last_call = stats
         error: BaseException | None = None
         try:

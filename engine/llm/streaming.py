@@ -61,6 +61,7 @@ class PieceChannel:
         self.queue: asyncio.Queue[str | _End] = asyncio.Queue()
         self.credits = threading.Semaphore(pieces)
         self.stop = threading.Event()
+        self.stats = CallStats()  # this call's, filled in by its worker (never another session's)
 
     def put(self, piece: str) -> bool:
         """Hand one piece over, blocking while the consumer is behind; False once stopped."""
@@ -100,6 +101,12 @@ class WorkerStream:
 
     def __aiter__(self) -> WorkerStream:
         return self
+
+    @property
+    def stats(self) -> CallStats | None:
+        """What this call did (None before it started). The model's ``last_call`` is whichever call
+        started last, another session's when several talk at once."""
+        return self._chan.stats if self._chan is not None else None
 
     async def __anext__(self) -> str:
         if self._done:

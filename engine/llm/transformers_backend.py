@@ -368,7 +368,7 @@ class TransformersLLM:
     # ---- the worker thread --------------------------------------------------------------
 
     def _worker(self, messages: list[ChatMessage], key: str | None, chan: PieceChannel) -> None:
-        stats = CallStats()
+        stats = chan.stats
         self.last_call = stats
         graph = self.graph_slots is not None
         owned, entry = self.caches.take(key, chan.stop) if key is not None and not graph else (False, None)

@@ -122,7 +122,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
                     await emit(c.text, tuple(c.expressions), tuple(c.gestures))
             for c in chunker.flush():
                 await emit(c.text, tuple(c.expressions), tuple(c.gestures))
-            timings.llm = _llm_stats(ctx.llm)
+            timings.llm = _llm_stats(stream)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -165,19 +165,20 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
         tg.create_task(speak(), name=f"reply{turn.turn_id}:tts")
 
 
-def _llm_stats(llm: LLM) -> dict[str, float] | None:
-    """What the in-process model did for this reply (prompt tokens reused / prefilled, decode speed)."""
-    call = getattr(llm, "last_call", None)
+def _llm_stats(stream: object) -> dict[str, float] | None:
+    """What the in-process model did for this reply (prompt tokens reused / prefilled, decode speed), from
+    the reply's own stream (an OpenAI-compatible server's has none)."""
+    call = getattr(stream, "stats", None)
     if call is None or not getattr(call, "generated_tokens", 0):
         return None
-    decode_s = max(1e-9, call.elapsed_s - (call.ttft_s or 0.0))
+    decode_s = call.elapsed_s - (call.ttft_s or 0.0)
     return {
         "prompt_tokens": call.prompt_tokens,
         "reused_tokens": call.reused_tokens,
         "prefilled_tokens": call.prefilled_tokens,
         "generated_tokens": call.generated_tokens,
         "ttft_ms": round((call.ttft_s or 0.0) * 1000, 1),
-        "tokens_per_s": round(max(0, call.generated_tokens - 1) / decode_s, 2),
+        "tokens_per_s": round(max(0, call.generated_tokens - 1) / decode_s, 2) if decode_s > 0 else 0.0,
     }
 
 

@@ -81,6 +81,20 @@ async def test_conversations_keep_their_own_contexts(llama: LlamaCppLLM) -> None
     assert llama.cached_tokens("B") > 0
 
 
+async def test_each_stream_reports_its_own_call_while_another_runs(llama: LlamaCppLLM) -> None:
+    """Two sessions' replies at once: each stream's ``stats`` are its own call's (the model's ``last_call``
+    is whichever started last: the reply timings had read another session's, up to '16e9 tok/s')."""
+    short = chat("Say hi.")
+    long = chat("Tell me about the history of the violin, its makers and its greatest players, please.")
+    s1, s2 = llama.stream(short, cache_key="S1"), llama.stream(long, cache_key="S2")
+    await asyncio.gather(collect(s1), collect(s2))
+    a, b = s1.stats, s2.stats  # type: ignore[attr-defined]
+    assert a is not None and b is not None and a is not b
+    assert a.prompt_tokens < b.prompt_tokens
+    for call in (a, b):
+        assert call.generated_tokens > 0 and call.elapsed_s >= (call.ttft_s or 0.0) > 0
+
+
 async def test_prewarm_then_the_reply_prefills_only_the_new_message(llama: LlamaCppLLM) -> None:
     history = chat("My favourite food is ramen with lots of garlic.", "Ramen is the best!")
     n = await llama.prewarm(history, cache_key="warm")
