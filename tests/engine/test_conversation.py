@@ -237,6 +237,7 @@ async def test_finished_words_end_the_turn_sooner_trailing_words_wait(
             judged[kind] = timings["turn_end"]
         assert judged["finished"]["method"] == "llm" and judged["finished"]["finished"] is True, judged
         assert judged["trailing"]["finished"] is False, judged
-        # the finished question ends as soon as it is judged (well inside the 2.5 s); the trailing words wait
-        assert 200 <= gaps["finished"] < 1500, gaps
+        # the finished question ends as soon as it is judged, before the 2.5 s silence (how soon is the
+        # judgement's speed: `idolcast bench --turn-end`, not asserted here); the trailing words wait it out
+        assert 200 <= gaps["finished"] < 2500, gaps
         assert gaps["trailing"] >= 2500, gaps
