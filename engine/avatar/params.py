@@ -9,26 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-EXPRESSIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry", "surprised")
-GESTURES: tuple[str, ...] = ("nod", "tilt", "wave")
-# Oculus-style viseme set: silence, 10 consonant groups, 5 vowels.
-VISEMES: tuple[str, ...] = (
-    "sil",
-    "PP",
-    "FF",
-    "TH",
-    "DD",
-    "kk",
-    "CH",
-    "SS",
-    "nn",
-    "RR",
-    "aa",
-    "E",
-    "I",
-    "O",
-    "U",
-)
+# The vocabularies come from the stages that produce them: visemes from lipsync, expressions
+# and gestures from the reply tags. Their order is the parameter order below.
+from engine.lipsync.visemes import VISEMES
+from engine.text.tags import EXPRESSIONS
 
 _SCALARS: tuple[tuple[str, float, float, float], ...] = (
     # name, default, min, max

@@ -24,8 +24,24 @@ from typing import Final, Literal
 
 import numpy as np
 
-from engine.avatar.params import VISEMES
-
+# Oculus-style viseme set: silence, 10 consonant groups, 5 vowels.
+VISEMES: Final[tuple[str, ...]] = (
+    "sil",
+    "PP",
+    "FF",
+    "TH",
+    "DD",
+    "kk",
+    "CH",
+    "SS",
+    "nn",
+    "RR",
+    "aa",
+    "E",
+    "I",
+    "O",
+    "U",
+)
 NUM_VISEMES: Final = len(VISEMES)
 VISEME_INDEX: Final[dict[str, int]] = {v: i for i, v in enumerate(VISEMES)}
 SIL: Final = VISEME_INDEX["sil"]

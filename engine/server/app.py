@@ -15,7 +15,6 @@ from aiohttp import WSMsgType, web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.config import Settings
 from engine.events import ExpressionCommand, GestureCommand, TurnSource
 from engine.server.auth_routes import register_auth_routes
@@ -27,6 +26,7 @@ from engine.server.openapi import openapi
 from engine.server.webrtc import PeerManager
 from engine.session.session import Session, SessionClosed
 from engine.tasks import TaskOwner
+from engine.text.tags import EXPRESSIONS, GESTURES
 from engine.transport.ice import register_ice_routes
 
 log = logging.getLogger(__name__)

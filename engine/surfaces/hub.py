@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.events import Event, ExpressionCommand, GestureCommand, to_wire
 from engine.server.engine import Engine
 from engine.server.webrtc import PeerManager
@@ -20,6 +19,7 @@ from engine.surfaces.rtmp import RTMPStreamer
 from engine.surfaces.whep import WHEPServer
 from engine.surfaces.whip import WHIPServer
 from engine.tasks import TaskOwner
+from engine.text.tags import EXPRESSIONS, GESTURES
 
 log = logging.getLogger(__name__)
 

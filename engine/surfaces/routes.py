@@ -27,7 +27,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from engine.avatar.params import EXPRESSIONS, GESTURES
 from engine.avatar.profiles import PROFILES
 from engine.events import PersonaChanged, ProfileChanged
 from engine.server.engine import Engine
@@ -38,6 +37,7 @@ from engine.surfaces.hub import Surfaces
 from engine.surfaces.payloads import ChatIn
 from engine.surfaces.rtmp import target_allowed
 from engine.surfaces.sdp_http import answer_response, patch_not_supported, read_offer
+from engine.text.tags import EXPRESSIONS, GESTURES
 from persona.card import CardError, load_named_card
 
 log = logging.getLogger(__name__)

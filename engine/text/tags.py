@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.avatar.params import EXPRESSIONS, GESTURES
+# The expressions and gestures a reply may ask for; the avatar's parameters follow this order.
+EXPRESSIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry", "surprised")
+GESTURES: tuple[str, ...] = ("nod", "tilt", "wave")
 
 TagKind = Literal["expression", "gesture", "unknown"]
 
