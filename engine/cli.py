@@ -7,7 +7,8 @@ import logging
 import sys
 from collections.abc import Callable
 
-from engine.config import ConfigError, Settings, dump_settings, load_settings
+from engine.config import Settings, dump_settings, load_settings
+from engine.errors import ConfigError
 from engine.native import preload_native_modules
 
 Command = Callable[[argparse.Namespace, Settings], int]

@@ -18,9 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.asr.config import ASRConfig
 from engine.avatar.config import AvatarConfig
+from engine.errors import ConfigError
 from engine.llm.config import LLMConfig
-from engine.server.capacity import CapacityConfig
-from engine.surfaces.config import SurfacesConfig
 from engine.tts.config import TTSConfig
 from engine.vad.config import VADConfig
 
@@ -82,6 +81,49 @@ class ServerConfig(BaseModel):
     )
 
 
+class CapacityConfig(BaseModel):
+    admission: bool = Field(
+        True,
+        description="refuse a session the machine cannot serve well (HTTP 503 with Retry-After); "
+        "false: only server.max_sessions caps the sessions",
+    )
+    target_utilization: float = Field(
+        0.85, gt=0.0, le=1.0, description="share of each resource the admitted sessions may use"
+    )
+    cores: float | None = Field(
+        None, gt=0.0, description="CPU cores the engine may use (default: those this process may run on)"
+    )
+    session_cpu_cores: float | None = Field(
+        None,
+        gt=0.0,
+        description="pin one session's CPU cost, in cores (default: measured in the running engine)",
+    )
+    min_samples: int = Field(
+        20, ge=1, description="loaded samples after which the measured cost replaces the prior entirely"
+    )
+    history_s: float = Field(120.0, ge=5.0, description="seconds of samples the measured cost is taken over")
+    sample_s: float = Field(1.0, gt=0.0, le=10.0, description="seconds between CPU samples")
+    floor_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="the measured cost is never taken below this share of the prior (quiet sessions "
+        "measured during a lull must not let in more than the machine holds once they all talk)",
+    )
+    count_other_processes: bool = Field(
+        False,
+        description="take what other processes keep busy on the machine (/proc/stat) off the cores the "
+        "sessions may use (for a shared machine; always measured and reported; ignored when cores is set)",
+    )
+    min_sessions: int = Field(
+        1,
+        ge=0,
+        description="sessions always admitted whatever the estimate (under server.max_sessions): an engine "
+        "that refuses its first host serves nobody",
+    )
+    retry_after_s: int = Field(30, ge=1, le=3600, description="Retry-After of a refused session, seconds")
+
+
 class PersonaConfig(BaseModel):
     card: str = Field("builtin:default", description="'builtin:default' or a persona card file")
     memory_db: str = Field("var/memory.sqlite3", description="SQLite file of the memory bank")
@@ -115,6 +157,9 @@ class PersonaConfig(BaseModel):
     )
 
 
+# The streamer surfaces, all here: MQTT (its own [mqtt] section), chat and RTMP ([surfaces]).
+
+
 class MQTTConfig(BaseModel):
     enabled: bool = True
     url: str = Field("embedded", description="'embedded' (in-process amqtt) or mqtt://host:port")
@@ -125,6 +170,66 @@ class MQTTConfig(BaseModel):
     username: str = Field("", description="external broker user (empty: anonymous)")
     password: str = Field("", description="external broker password")
     max_outgoing: int = Field(1000, ge=10, le=100_000, description="queued outgoing messages before dropping")
+
+
+class ChatQueueConfig(BaseModel):
+    """How chat becomes turns: prioritized (host > members > chat), rate-limited and moderated."""
+
+    max_pending: int = Field(50, ge=1, le=10_000, description="messages waiting for a turn, all priorities")
+    max_chars: int = Field(300, ge=1, le=2000, description="longer messages are refused")
+    max_age_s: float = Field(60.0, gt=0, description="a chat message older than this is dropped unanswered")
+    min_turn_gap_s: float = Field(1.5, ge=0, description="quiet time after a turn before a chat turn starts")
+    user_cooldown_s: float = Field(20.0, ge=0, description="one accepted message per user per this")
+    duplicate_window_s: float = Field(120.0, ge=0, description="the same text is refused within this")
+    flood_rate_per_s: float = Field(5.0, gt=0, description="chat messages accepted per second, all users")
+    flood_burst: int = Field(10, ge=1, description="burst allowance of the flood limit")
+    blocklist_users: list[str] = Field(default_factory=list, description="user names never answered")
+    blocklist_words: list[str] = Field(
+        default_factory=list, description="messages with these words are dropped"
+    )
+    host_hold_s: float = Field(30.0, gt=0, description="longest a host's unfinished speech holds chat back")
+
+
+class RTMPConfig(BaseModel):
+    """RTMP egress (Twitch/YouTube ingest) with PyAV: libx264 + AAC in FLV."""
+
+    url: str = Field("", description="rtmp://… ingest URL with the stream key; empty: off until started")
+    allowed_hosts: list[str] = Field(
+        default_factory=lambda: [
+            "live.twitch.tv",
+            "*.contribute.live-video.net",
+            "*.rtmp.youtube.com",
+            "*.facebook.com",
+        ],
+        description="hosts (shell patterns) a POST …/rtmp {url} may push to, besides the host of `url`",
+    )
+    autostart: bool = Field(False, description="push every new session to `url` as soon as it starts")
+    width: int = Field(1280, ge=16, le=4096)
+    height: int = Field(720, ge=16, le=4096)
+    fps: int = Field(30, ge=1, le=60)
+    video_bitrate_kbps: int = Field(2500, ge=100, le=50_000)
+    audio_bitrate_kbps: int = Field(128, ge=32, le=512)
+    keyframe_interval_s: float = Field(2.0, gt=0, le=10, description="Twitch and YouTube want 2 s")
+    profile: Literal["baseline", "main", "high"] = "main"
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"] = "veryfast"
+    background: str = Field("#101018", description="colour behind the idol (RTMP has no alpha)")
+    reconnect_min_s: float = Field(0.5, gt=0, description="first reconnect delay; doubles up to the max")
+    reconnect_max_s: float = Field(15.0, gt=0)
+
+
+class SurfacesConfig(BaseModel):
+    """The ``[surfaces]`` section; MQTT stays in ``[mqtt]``."""
+
+    chat: ChatQueueConfig = Field(default_factory=ChatQueueConfig)  # type: ignore[arg-type]
+    rtmp: RTMPConfig = Field(default_factory=RTMPConfig)  # type: ignore[arg-type]
+    bearer_token: str = Field("", description="if set, WHIP/WHEP POSTs need 'Authorization: Bearer <token>'")
+    max_viewers: int = Field(16, ge=0, le=1000, description="WHEP viewers per session")
+    playout_delay_ms: float = Field(
+        150.0,
+        ge=0,
+        le=5000,
+        description="viewer-side delay the overlay adds to caption times (jitter buffer)",
+    )
 
 
 class Settings(BaseModel):
@@ -140,10 +245,6 @@ class Settings(BaseModel):
     persona: PersonaConfig = Field(default_factory=PersonaConfig)
     mqtt: MQTTConfig = Field(default_factory=MQTTConfig)
     surfaces: SurfacesConfig = Field(default_factory=SurfacesConfig)
-
-
-class ConfigError(Exception):
-    """A configuration value was refused; the message names the file, key and expectation."""
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:

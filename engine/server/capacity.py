@@ -32,52 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field
+from engine.config import CapacityConfig
 
 log = logging.getLogger(__name__)
-
-
-class CapacityConfig(BaseModel):
-    admission: bool = Field(
-        True,
-        description="refuse a session the machine cannot serve well (HTTP 503 with Retry-After); "
-        "false: only server.max_sessions caps the sessions",
-    )
-    target_utilization: float = Field(
-        0.85, gt=0.0, le=1.0, description="share of each resource the admitted sessions may use"
-    )
-    cores: float | None = Field(
-        None, gt=0.0, description="CPU cores the engine may use (default: those this process may run on)"
-    )
-    session_cpu_cores: float | None = Field(
-        None,
-        gt=0.0,
-        description="pin one session's CPU cost, in cores (default: measured in the running engine)",
-    )
-    min_samples: int = Field(
-        20, ge=1, description="loaded samples after which the measured cost replaces the prior entirely"
-    )
-    history_s: float = Field(120.0, ge=5.0, description="seconds of samples the measured cost is taken over")
-    sample_s: float = Field(1.0, gt=0.0, le=10.0, description="seconds between CPU samples")
-    floor_fraction: float = Field(
-        0.5,
-        ge=0.0,
-        le=1.0,
-        description="the measured cost is never taken below this share of the prior (quiet sessions "
-        "measured during a lull must not let in more than the machine holds once they all talk)",
-    )
-    count_other_processes: bool = Field(
-        False,
-        description="take what other processes keep busy on the machine (/proc/stat) off the cores the "
-        "sessions may use (for a shared machine; always measured and reported; ignored when cores is set)",
-    )
-    min_sessions: int = Field(
-        1,
-        ge=0,
-        description="sessions always admitted whatever the estimate (under server.max_sessions): an engine "
-        "that refuses its first host serves nobody",
-    )
-    retry_after_s: int = Field(30, ge=1, le=3600, description="Retry-After of a refused session, seconds")
 
 
 # Prior costs: ms of one core per second of media while a session talks (voice) or streams (video),

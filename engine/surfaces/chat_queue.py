@@ -21,6 +21,7 @@ import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
+from engine.config import ChatQueueConfig
 from engine.events import (
     ChatPosted,
     Event,
@@ -31,7 +32,6 @@ from engine.events import (
     UserTurn,
 )
 from engine.session.session import Session, SessionClosed
-from engine.surfaces.config import ChatQueueConfig
 from engine.surfaces.payloads import PRIORITY, ChatIn
 from engine.tasks import TaskOwner
 

@@ -28,9 +28,9 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from engine.config import RTMPConfig
 from engine.events import RTMPState
 from engine.session.session import Session
-from engine.surfaces.config import RTMPConfig
 from engine.tasks import TaskOwner, cancel_and_wait
 from engine.transport import encoders
 from engine.transport.taps import tap

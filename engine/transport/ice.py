@@ -23,13 +23,11 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aioice.ice
 from aiohttp import web
 from aiortc import RTCIceServer
-
-from engine.config import ServerConfig
 
 log = logging.getLogger(__name__)
 _RANGE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
@@ -43,7 +41,18 @@ class PortRangeExhausted(OSError):
     """Every UDP port of the configured range is taken."""
 
 
-def ice_servers(cfg: ServerConfig) -> list[dict[str, Any]]:
+class ICESettings(Protocol):
+    """The ``[server]`` keys ICE reads (``engine.config.ServerConfig`` has them): the stage never
+    imports the settings model."""
+
+    ice_servers: list[str]
+    ice_username: str
+    ice_credential: str
+    ice_port_min: int
+    ice_port_max: int
+
+
+def ice_servers(cfg: ICESettings) -> list[dict[str, Any]]:
     """The configured servers as the browser's ``RTCIceServer`` dictionaries."""
     out: list[dict[str, Any]] = []
     for url in cfg.ice_servers:
@@ -54,7 +63,7 @@ def ice_servers(cfg: ServerConfig) -> list[dict[str, Any]]:
     return out
 
 
-def rtc_ice_servers(cfg: ServerConfig) -> list[RTCIceServer]:
+def rtc_ice_servers(cfg: ICESettings) -> list[RTCIceServer]:
     return [
         RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
         for s in ice_servers(cfg)
@@ -73,7 +82,7 @@ def use_port_range(lo: int, hi: int) -> None:
     aioice.ice.Connection.get_component_candidates = _gather_in_range  # type: ignore[method-assign]
 
 
-def configure(cfg: ServerConfig) -> None:
+def configure(cfg: ICESettings) -> None:
     use_port_range(cfg.ice_port_min, cfg.ice_port_max)
 
 
@@ -116,13 +125,13 @@ async def _ranged_endpoint(
 
 async def ice_servers_route(request: web.Request) -> web.Response:
     """``GET /api/ice-servers``: what the pages pass to ``new RTCPeerConnection({iceServers})``."""
-    cfg: ServerConfig = request.app[ICE_CONFIG_KEY]
+    cfg: ICESettings = request.app[ICE_CONFIG_KEY]
     return web.json_response({"iceServers": ice_servers(cfg)})
 
 
-ICE_CONFIG_KEY = web.AppKey("ice_config", ServerConfig)
+ICE_CONFIG_KEY = web.AppKey("ice_config", ICESettings)
 
 
-def register_ice_routes(app: web.Application, cfg: ServerConfig) -> None:
+def register_ice_routes(app: web.Application, cfg: ICESettings) -> None:
     app[ICE_CONFIG_KEY] = cfg
     app.router.add_get("/api/ice-servers", ice_servers_route)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import ConfigError
+from engine.errors import ConfigError
 from engine.progress import Progress, timed
 from engine.tts import alignment
 from engine.tts.base import OUTPUT_RATE, TTS, Synthesis

@@ -19,9 +19,8 @@ from aiortc import RTCPeerConnection
 
 from engine.bench.sessions import ServiceLevel, engine_capacity, find_capacity
 from engine.bench.voice import Question
-from engine.config import Settings
+from engine.config import CapacityConfig, Settings
 from engine.models import EngineModels
-from engine.server.capacity import CapacityConfig
 from engine.tts.base import Synthesis
 from tests.engine.conftest import LiveServer, connected, live_server
 from tests.engine.test_conversation import next_event, speech_48k

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine.config import Settings, load_settings
-from engine.server.capacity import CapacityConfig, CapacityMonitor, ProcCPU, stage_of_thread
+from engine.config import CapacityConfig, Settings, load_settings
+from engine.server.capacity import CapacityMonitor, ProcCPU, stage_of_thread
 
 
 class ScriptedCPU(ProcCPU):

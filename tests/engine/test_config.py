@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, dump_settings, load_settings
+from engine.config import dump_settings, load_settings
+from engine.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

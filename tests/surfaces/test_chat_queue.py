@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from engine.clock import ScriptedClock
+from engine.config import ChatQueueConfig
 from engine.events import FinalTranscript, SpeechStarted, TurnCompleted, TurnSource, UserTurn
 from engine.session.bus import EventBus
 from engine.surfaces.chat_queue import ChatQueue
-from engine.surfaces.config import ChatQueueConfig
 from engine.surfaces.payloads import ChatIn
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.config import ConfigError
+from engine.errors import ConfigError
 from engine.progress import silent_progress
 from engine.tts.alignment import PAUSE
 from engine.tts.base import OUTPUT_RATE, Synthesis
