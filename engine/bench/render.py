@@ -21,7 +21,7 @@ def _progress(text: str) -> None:
 
 def run_render_bench_cli(args: argparse.Namespace, settings: Settings) -> int:
     from engine.avatar.backends import BACKENDS
-    from engine.avatar.bench_render import CPU_BATCHES, delivery_cost, run_render_bench
+    from engine.bench.render_frames import CPU_BATCHES, delivery_cost, run_render_bench
 
     if args.backends:
         backends = args.backends.split(",")

@@ -11,9 +11,9 @@ import torch
 
 from engine.avatar.backends import BackendUnavailable, FrameBackend, select_backend
 from engine.avatar.backends.tensorrt import build_trt_plans, find_plans
-from engine.avatar.bench_render import run_render_bench, speaking_params
 from engine.avatar.generator import rest_params, to_uint8
 from engine.avatar.loaders import load_character
+from engine.bench.render_frames import run_render_bench, speaking_params
 from tests.avatar.conftest import generator
 
 
