@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Protocol
 
+from engine.avatar.config import AvatarConfig
 from engine.avatar.profiles import resolve_profile
-from engine.config import Settings
 
 
-def cmd_build_trt(args: argparse.Namespace, settings: Settings) -> int:
+class _HasAvatar(Protocol):
+    """What the command reads of the settings (engine.config.Settings has it)."""
+
+    avatar: AvatarConfig
+
+
+def cmd_build_trt(args: argparse.Namespace, settings: _HasAvatar) -> int:
     from engine.avatar.backends.base import BackendUnavailable
     from engine.avatar.backends.tensorrt import build_trt_plans
 
