@@ -35,9 +35,6 @@ class MediaClock:
     def now(self) -> float:
         return time.monotonic() - self._origin
 
-    def to_monotonic(self, t: float) -> float:
-        return self._origin + t
-
     async def sleep_until(self, t: float) -> None:
         delay = t - self.now()
         if delay > 0:

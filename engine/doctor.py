@@ -109,13 +109,6 @@ def run_doctor(settings: Settings, load: bool = True) -> int:
         else f"transformers {settings.llm.model} on {settings.llm.device}"
     )
     check("llm", llm_desc, lambda: load_llm(settings.llm, progress))
-    try:
-        from engine.avatar.doctor import describe_avatar
-
-        for line in describe_avatar(settings.avatar, load=load):
-            print(f"  {line}")
-    except ImportError:
-        pass
     print("access:")
     for line in describe_access(settings):
         print(f"  {line}")

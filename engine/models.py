@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.asr.base import ASRModel
 from engine.config import Settings
@@ -23,7 +23,6 @@ class EngineModels:
     llm: LLM
     tts: TTS
     new_vad: Callable[[], VoiceActivityDetector]
-    extras: dict[str, object] = field(default_factory=dict)
 
     def describe(self) -> dict[str, str]:
         return {"asr": self.asr.describe(), "llm": self.llm.describe(), "tts": self.tts.describe()}

@@ -154,9 +154,6 @@ class MiniLMEmbedder:
         with self._lock:
             self._cache.clear()
 
-    def embed_one(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
-
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
         return await asyncio.to_thread(self.embed, texts)
 

@@ -239,15 +239,3 @@ class WhisperDecoder:
         if drop:
             return replace(d, text="", dropped=d.text)
         return d if text == d.text else replace(d, text=text)
-
-    def reference_transcribe(self, audio: np.ndarray) -> str:
-        """faster-whisper's own transcribe (30 s window), for comparisons and benches."""
-        segments, _ = self.fw.transcribe(
-            audio,
-            language=self.language if self.model.is_multilingual else None,
-            beam_size=self.beam_size,
-            without_timestamps=True,
-            condition_on_previous_text=False,
-            vad_filter=False,
-        )
-        return " ".join(s.text.strip() for s in segments).strip()

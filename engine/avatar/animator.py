@@ -254,10 +254,6 @@ class Animator:
         """The speech time whose mouth the frame stamped ``t`` shows (see the module docstring)."""
         return t + self.articulation_lead_s + compensation_s
 
-    def mouth_at(self, t: float, compensation_s: float = 0.0) -> np.ndarray:
-        """Viseme weights (float32 ``[NUM_VISEMES]``, summing to 1) for the frame stamped ``t``."""
-        return self._mouth(self._state, self.mouth_time(t, compensation_s))
-
     def params_at(self, t: float, compensation_s: float = 0.0) -> np.ndarray:
         """The parameter vector (float32 ``[NUM_PARAMS]``) for the frame presented at ``t``."""
         st = self._state  # one immutable snapshot for the whole frame

@@ -9,7 +9,6 @@ that the frame generator evaluates per frame.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -151,8 +150,3 @@ def clip_box(box: Box, width: int, height: int) -> Box | None:
     if x1 <= x0 or y1 <= y0:
         return None
     return x0, y0, x1 - x0, y1 - y0
-
-
-def ceil_box(x0: float, y0: float, x1: float, y1: float) -> Box:
-    bx, by = math.floor(x0), math.floor(y0)
-    return bx, by, math.ceil(x1) - bx, math.ceil(y1) - by

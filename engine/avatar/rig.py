@@ -83,9 +83,6 @@ class Rig:
     groups: dict[str, GroupSpec]
     source: str = "<memory>"
 
-    def group_parts(self, group: str) -> list[PartSpec]:
-        return [p for p in self.parts if p.group == group]
-
 
 def _pair(v: Any, where: str) -> tuple[float, float]:
     if not (isinstance(v, list | tuple) and len(v) == 2 and all(isinstance(c, int | float) for c in v)):
