@@ -4,7 +4,6 @@ input) or :class:`~persona.bank.MemoryNotFound` (unknown id)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from persona.bank import MemoryBank
@@ -108,7 +107,7 @@ def export_persona(bank: MemoryBank, card: PersonaCard) -> dict[str, Any]:
     return {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
-        "exported_at": time.time(),
+        "exported_at": bank.clock(),  # calendar time, deliberately: the bank's wall clock
         "card": card.model_dump(mode="json"),
         "memories": [m.to_json() for m in store.list_memories(pid, include_superseded=True, limit=10**9)],
         "profiles": [p.to_json() for p in store.profiles(pid)],
@@ -156,7 +155,7 @@ def _import(
                 conn.execute(f"DELETE FROM {table} WHERE persona = ?", (pid,))
         id_map: dict[int, int] = {}
         for m, vec in zip(memories, vecs, strict=True):
-            now = float(m.get("updated_at") or time.time())
+            now = float(m.get("updated_at") or bank.clock())
             new = store.insert_memory(
                 conn,
                 persona=pid,

@@ -12,7 +12,6 @@ replay graphs or read results on the same device, is not safe.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from engine.llm.kv_cache import common_prefix_len
 class GraphSlot:
     decoder: GraphDecoder
     ids: list[int] = field(default_factory=list)  # host mirror of the ids held (== decoder.length of them)
-    used: float = 0.0  # last put back (monotonic), for least-recently-used ties
+    used: int = 0  # when last put back (a count of put-backs, not time), for least-recently-used ties
 
     def crop(self, keep: int) -> None:
         """Keep the first ``keep`` cached tokens."""
@@ -42,6 +41,7 @@ class GraphSlots:
         self._free = [GraphSlot(GraphDecoder(model, max_len=max_len)) for _ in range(slots)]
         self.slots = slots
         self._cond = threading.Condition()
+        self._put_backs = 0
 
     def take(self, ids: list[int], stop: threading.Event) -> GraphSlot | None:
         """The free slot sharing the longest prefix with ``ids`` (least recently used among equals), waiting
@@ -62,8 +62,9 @@ class GraphSlots:
                 slot.ids.clear()
                 slot.decoder.reset_to(0)
         finally:
-            slot.used = time.monotonic()
             with self._cond:
+                self._put_backs += 1
+                slot.used = self._put_backs
                 self._free.append(slot)
                 self._cond.notify()
 
