@@ -115,12 +115,19 @@ def _dedupe(names: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+_DEFAULTS = TTSConfig()
+
+
 class ReplyChunker:
     """Feed streamed reply pieces; get :class:`TextChunk` s as soon as their boundary is certain."""
 
     def __init__(
-        self, first_chunk_min_words: int = 2, max_chunk_words: int = 40, first_chunk_max_words: int = 40
+        self,
+        first_chunk_min_words: int = _DEFAULTS.first_chunk_min_words,
+        max_chunk_words: int = _DEFAULTS.max_chunk_words,
+        first_chunk_max_words: int = _DEFAULTS.first_chunk_max_words,
     ) -> None:
+        """The defaults are the ``[tts]`` settings' (one source: engine/tts/config.py)."""
         self.first_chunk_min_words = first_chunk_min_words
         self.max_chunk_words = max_chunk_words
         self.first_chunk_max_words = min(first_chunk_max_words, max_chunk_words)

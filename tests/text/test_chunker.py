@@ -69,7 +69,7 @@ def test_newlines_and_quotes_end_sentences() -> None:
 
 def test_long_run_on_is_cut_at_max_words() -> None:
     text = " ".join(["word"] * 8) + ", " + " ".join(["more"] * 10) + "."
-    got = run(text, first_chunk_min_words=20, max_chunk_words=10)
+    got = run(text, first_chunk_min_words=20, max_chunk_words=10, first_chunk_max_words=10)
     assert got[0].text == " ".join(["word"] * 8) + ","
     assert all(len(c.text.split()) <= 10 for c in got)
     assert " ".join(texts(got)) == text
