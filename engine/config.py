@@ -2,7 +2,8 @@
 
 Loaded from a TOML file (``idolcast.toml`` in the working directory, or
 ``--config PATH`` / ``IDOLCAST_CONFIG``), then overridden by environment
-variables ``IDOLCAST_<SECTION>__<KEY>`` (for example ``IDOLCAST_LLM__BACKEND=openai``).
+variables ``IDOLCAST_<SECTION>__<KEY>`` (for example ``IDOLCAST_LLM__BACKEND=openai``; lists and
+tables as JSON), read by pydantic-settings' environment source.
 A bad value is refused at start with the file, the key and what was expected.
 """
 
@@ -10,11 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from engine.asr.config import ASRConfig
 from engine.avatar.config import AvatarConfig
@@ -232,8 +242,22 @@ class SurfacesConfig(BaseModel):
     )
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Settings(BaseSettings):
+    """Every section. Built from the TOML file and the environment by :func:`load_settings` only:
+    ``Settings()`` is the defaults (it reads no environment)."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     capacity: CapacityConfig = Field(default_factory=CapacityConfig)
@@ -247,23 +271,42 @@ class Settings(BaseModel):
     surfaces: SurfacesConfig = Field(default_factory=SurfacesConfig)
 
 
+class _EnvironSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping (not only ``os.environ``)."""
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        self._environ = environ
+        super().__init__(Settings, case_sensitive=False, env_prefix=ENV_PREFIX, env_nested_delimiter="__")
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # the prefix is upper-case, as it always was; the rest of the name is not case-sensitive
+        return {k.lower(): v for k, v in self._environ.items() if k.startswith(ENV_PREFIX)}
+
+
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split("__")
-        value: Any = raw
-        if raw[:1] in "[{":
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError:
-                pass
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
-    return out
+    """The ``IDOLCAST_<SECTION>__<KEY>`` variables as nested values (JSON for lists and tables)."""
+    for name in environ:
+        section = name[len(ENV_PREFIX) :].lower().split("__")[0]
+        if name.startswith(ENV_PREFIX) and "__" in name and section not in Settings.model_fields:
+            raise ConfigError(f"invalid configuration:\n  environment {name}: unknown section '{section}'")
+    try:
+        return _EnvironSource(environ)()
+    except SettingsError as e:
+        field = re.search(r'field "([^"]+)"', str(e))
+        section = f"{ENV_PREFIX}{field.group(1).upper()}__" if field else ENV_PREFIX
+        bad = [n for n, v in environ.items() if n.upper().startswith(section) and not _is_json(v)]
+        names = ", ".join(bad) or "IDOLCAST_*"
+        raise ConfigError(
+            f"invalid configuration:\n  environment {names}: a list or table value must be JSON ({e})"
+        ) from None
+
+
+def _is_json(raw: str) -> bool:
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

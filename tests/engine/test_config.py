@@ -57,3 +57,14 @@ def test_dump_masks_secrets() -> None:
     s = load_settings(environ={"IDOLCAST_LLM__API_KEY": "sk-secret"})
     text = dump_settings(s)
     assert "sk-secret" not in text and "[llm]" in text
+
+
+def test_env_lists_are_json_and_a_bad_one_names_the_variable() -> None:
+    s = load_settings(
+        environ={"IDOLCAST_SERVER__ICE_SERVERS": '["stun:a:3478"]', "IDOLCAST_SURFACES__RTMP__FPS": "25"}
+    )
+    assert s.server.ice_servers == ["stun:a:3478"] and s.surfaces.rtmp.fps == 25
+    with pytest.raises(ConfigError, match="IDOLCAST_SERVER__ICE_SERVERS"):
+        load_settings(environ={"IDOLCAST_SERVER__ICE_SERVERS": "stun:a:3478"})
+    with pytest.raises(ConfigError, match="IDOLCAST_NOPE__A"):
+        load_settings(environ={"IDOLCAST_NOPE__A": "1"})
