@@ -12,10 +12,12 @@ import errno
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from engine.config import Settings
+from engine.models import EngineModels
 from engine.native import preload_native_modules
 from engine.server.app import ENGINE_KEY, PEERS_KEY, create_server_app
 from engine.server.credentials import HOST_TOKEN_FILE, CredentialError, Credentials
@@ -40,13 +42,29 @@ def exposed_warning(host: str, allowed_hosts: list[str]) -> str:
     )
 
 
+def open_persona(settings: Settings, models: EngineModels) -> Any:
+    """The persona prompt provider over the memory bank (blocking: loads the card, embeddings, index;
+    imported here, when persona.enabled, as before)."""
+    from persona.prompt import PersonaPromptProvider
+    from persona.tokens import counter_from_tokenizer
+
+    tokenizer = getattr(models.llm, "tokenizer", None)
+    counter = counter_from_tokenizer(tokenizer) if tokenizer is not None else None
+    return PersonaPromptProvider.from_config(settings.persona, token_counter=counter)
+
+
+def new_engine(settings: Settings, models: EngineModels | None = None) -> Engine:
+    """An engine with its persona: the models load in the background unless given."""
+    return Engine(settings, models, open_persona=open_persona)
+
+
 def create_app(
     settings: Settings, engine: Engine | None = None, credentials: Credentials | None = None
 ) -> web.Application:
     """The engine's whole web application: the server's routes, then the persona's and the surfaces'.
     ``credentials``: who may do what (default: from the settings, the host token made on first start;
     raises :class:`~engine.server.credentials.CredentialError`)."""
-    app = create_server_app(settings, engine, credentials)
+    app = create_server_app(settings, engine or new_engine(settings), credentials)
     engine = app[ENGINE_KEY]
     register_persona_routes(app, lambda: engine.persona, Path(settings.persona.cards_dir))
     register_surfaces(app, engine, app[PEERS_KEY])

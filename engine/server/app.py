@@ -162,12 +162,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_server_app(
-    settings: Settings, engine: Engine | None = None, credentials: Credentials | None = None
+    settings: Settings, engine: Engine, credentials: Credentials | None = None
 ) -> web.Application:
     """The server's part of the web application (engine/app.py adds the rest). ``credentials``: who may
     do what (default: from the settings, the host token made on first start; raises
     :class:`~engine.server.credentials.CredentialError`)."""
-    engine = engine or Engine(settings)
     if credentials is None:
         credentials, _ = Credentials.from_settings(settings.server.host_token, settings.server.secrets_dir)
     server = settings.server

@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry, Gauge
 from engine.avatar.live import RenderPool, renderer_factory
 from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
-from engine.llm.factory import close_llm
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
 from engine.server.capacity import CapacityMonitor
@@ -48,23 +47,23 @@ class LoadStatus:
         }
 
 
-def open_persona(settings: Settings, models: EngineModels) -> Any:
-    """The persona prompt provider over the memory bank (blocking: loads the card, embeddings, index)."""
-    from persona.prompt import PersonaPromptProvider
-    from persona.tokens import counter_from_tokenizer
-
-    tokenizer = getattr(models.llm, "tokenizer", None)
-    counter = counter_from_tokenizer(tokenizer) if tokenizer is not None else None
-    return PersonaPromptProvider.from_config(settings.persona, token_counter=counter)
+# Opens the persona's prompt provider over its memory bank (blocking); the application hands it in
+# (engine/app.py), so the server never imports persona.
+PersonaOpener = Callable[[Settings, EngineModels], Any]
 
 
 async def close_models(models: EngineModels) -> None:
-    """Release what the models hold: the ASR's and TTS's worker threads, the LLM's contexts or HTTP pool."""
+    """Release what the models hold: the ASR's and TTS's worker threads (their running jobs finish) and
+    the LLM's connections (the OpenAI backend's HTTP pool). A llama.cpp model's memory is left to the
+    process exit: freeing it here (LlamaCppLLM.close) crashed the process in llama_cpp's free_model
+    (SIGSEGV after a SIGTERM drain, tests/engine/test_drain.py, about one run in three)."""
     for model in (models.asr, models.tts):
         close = getattr(model, "close", None)
         if close is not None:
             close()
-    await close_llm(models.llm)
+    aclose = getattr(models.llm, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 class EngineBusy(Exception):
@@ -81,7 +80,12 @@ class EngineNotReady(Exception):
 
 
 class Engine:
-    def __init__(self, settings: Settings, models: EngineModels | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        models: EngineModels | None = None,
+        open_persona: PersonaOpener | None = None,
+    ) -> None:
         self.settings = settings
         self.models = models
         self._owns_models = models is None  # models it loads it closes; models it is handed, their owner does
@@ -119,6 +123,7 @@ class Engine:
         self.prompt_factory: PromptFactory | None = None
         # One idol, one memory: every session talks to the same persona and memory bank.
         self.persona: Any = None
+        self._open_persona = open_persona
         self.on_session_created: list[SessionHook] = []
         self.on_session_closed: list[SessionHook] = []
         self.render_pool: RenderPool | None = None
@@ -220,7 +225,9 @@ class Engine:
     async def load_persona(self) -> None:
         """Open the persona memory bank; every session created afterwards talks through it."""
         assert self.models is not None
-        self.persona = await asyncio.to_thread(open_persona, self.settings, self.models)
+        if self._open_persona is None:
+            raise RuntimeError("persona.enabled, but this engine was given no persona (see engine/app.py)")
+        self.persona = await asyncio.to_thread(self._open_persona, self.settings, self.models)
         persona = self.persona
         self.prompt_factory = lambda sid: persona
 

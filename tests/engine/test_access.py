@@ -15,10 +15,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.app import create_app, serve
+from engine.app import create_app, new_engine, serve
 from engine.config import load_settings
 from engine.server.credentials import Credentials, load_or_create_host_token
-from engine.server.engine import Engine
 from tests.engine.conftest import free_port
 
 pytestmark = pytest.mark.unit
@@ -62,7 +61,7 @@ HOST_ROUTES: list[tuple[str, str, object]] = [
 async def door(tmp_path: Path) -> AsyncIterator[str]:
     settings = load_settings(environ={})
     settings.server.secrets_dir = str(tmp_path / "secrets")
-    app = create_app(settings, Engine(settings), Credentials(TOKEN, tmp_path / "secrets"))
+    app = create_app(settings, new_engine(settings), Credentials(TOKEN, tmp_path / "secrets"))
     app.on_startup.clear()  # no models
     runner = web.AppRunner(app)
     await runner.setup()

@@ -8,10 +8,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.app import create_app
+from engine.app import create_app, new_engine
 from engine.config import load_settings
 from engine.server.credentials import Credentials
-from engine.server.engine import Engine
 from tests.engine.conftest import free_port
 
 pytestmark = pytest.mark.unit
@@ -25,7 +24,7 @@ async def bare_url() -> AsyncIterator[str]:
     """A server whose models are not loaded (nothing here needs them)."""
     settings = load_settings(environ={})
     settings.server.max_body_bytes = 4096
-    engine = Engine(settings)
+    engine = new_engine(settings)
     app = create_app(settings, engine, Credentials(TOKEN, None))
     app.on_startup.clear()  # do not start loading models
     runner = web.AppRunner(app)

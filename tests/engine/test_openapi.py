@@ -18,10 +18,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.app import create_app
+from engine.app import create_app, new_engine
 from engine.config import load_settings
 from engine.server.credentials import Credentials
-from engine.server.engine import Engine
 from engine.server.openapi import ROUTES
 from persona.bank import MemoryBank
 from persona.card import load_card
@@ -40,7 +39,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[str, web.Application]]:
     settings = load_settings(environ={})
     settings.server.secrets_dir = str(tmp_path)
     settings.persona.cards_dir = str(tmp_path / "cards")
-    engine = Engine(settings)
+    engine = new_engine(settings)
     engine.persona = PersonaPromptProvider(
         load_card("builtin:default"), MemoryBank.open(tmp_path / "memory.sqlite3", HashEmbedder(), "aiko")
     )

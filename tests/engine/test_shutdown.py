@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.app import new_engine
 from engine.config import Settings
 from engine.models import EngineModels
 from engine.server.engine import Engine
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 
 async def test_shutdown_closes_the_models_it_loaded(settings: Settings) -> None:
-    engine = Engine(settings)
+    engine = new_engine(settings)
     engine.start_loading()
     await wait_for(lambda: engine.status.state != "loading", 120, "the models to load")
     assert engine.status.state == "ready", engine.status.error

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.app import create_app
+from engine.app import create_app, new_engine
 from engine.config import Settings, load_settings
 from engine.models import EngineModels, load_models
 from engine.server.credentials import Credentials
@@ -64,7 +64,7 @@ class LiveServer:
 
 @asynccontextmanager
 async def live_server(settings: Settings, models: EngineModels) -> AsyncIterator[LiveServer]:
-    engine = Engine(settings, models)
+    engine = new_engine(settings, models)  # with its persona, as engine/app.py builds it
     # A host token of its own (nothing written under var/): clients get it from LiveServer.auth.
     credentials = Credentials(secrets.token_urlsafe(24), None)
     app = create_app(settings, engine, credentials)
