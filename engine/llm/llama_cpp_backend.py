@@ -326,7 +326,7 @@ class LlamaCppLLM:
             if not valid:
                 c.crop(0)
             c.busy = False
-            c.last_used = time.monotonic()
+            c.last_used = time.monotonic()  # LRU order of idle contexts: process time, deliberately
             self._lock.notify_all()
 
     def _context_for(self, key: str | None, stop: threading.Event, wait: bool = True) -> _Held:
