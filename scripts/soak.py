@@ -86,19 +86,22 @@ def main() -> int:
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
     pid: int | None = None
-    while bench.poll() is None:
-        pid = pid or engine_pid(bench.pid)
-        st = status(pid) if pid else None
-        if st:
-            samples.append(
-                {
+    partial = Path(args.out).with_suffix(".samples.jsonl")  # kept as it goes: a crash loses nothing
+    with partial.open("w") as log:
+        while bench.poll() is None:
+            pid = pid or engine_pid(bench.pid)
+            st = status(pid) if pid else None
+            if st and "VmRSS" in st:  # a zombie (the engine exiting) has no memory to report
+                sample = {
                     "t_s": round(time.monotonic() - start, 1),
                     "turns": turns,
                     "rss_mib": round(st["VmRSS"] / 1024, 1),
-                    "threads": st["Threads"],
+                    "threads": st.get("Threads", 0),
                 }
-            )
-        time.sleep(args.every)
+                samples.append(sample)
+                log.write(json.dumps(sample) + "\n")
+                log.flush()
+            time.sleep(args.every)
     assert bench.stdout is not None
     report = json.loads(bench.stdout.read() or "{}")
     reader.join(timeout=5)
