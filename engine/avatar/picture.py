@@ -5,7 +5,7 @@ themselves, in each encoder's thread). A :class:`Compositor` keeps one I420 buff
 frame, converts only the boxes that changed (the renderer's :class:`~engine.avatar.cpu_render.Damage`),
 with OpenCV's BT.601 limited-range conversion (the same levels as FFmpeg's swscale, within 1 LSB).
 The result is converted once per frame and shared by every consumer of the track (the host's peer, WHEP
-viewers, RTMP: ``engine/surfaces/media.py`` copies the I420 frame, never converts it again).
+viewers, RTMP: each tap (``engine/transport/taps.py``) copies the I420 frame, never converts it again).
 
 Two pictures:
 
