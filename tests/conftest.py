@@ -6,7 +6,7 @@ import functools
 import os
 import wave
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -18,6 +18,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from engine.native import preload_native_modules  # noqa: E402
 
 preload_native_modules()
+
+if TYPE_CHECKING:
+    from engine.config import Settings
+    from engine.models import EngineModels
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,6 +77,26 @@ class SpeechFactory:
     synthesize = staticmethod(synthesize_speech)
     at_16k = staticmethod(speech_16k)
     write_wav = staticmethod(write_wav)
+
+
+# The real bundled models, loaded once per test run and shared by tests/engine and tests/session.
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    from engine.config import load_settings
+
+    s = load_settings(environ={})
+    s.avatar.enabled = False
+    s.mqtt.enabled = False
+    s.llm.temperature = 0.0
+    s.llm.max_new_tokens = 40
+    return s
+
+
+@pytest.fixture(scope="session")
+def models(settings: Settings) -> EngineModels:
+    from engine.models import load_models
+
+    return load_models(settings)
 
 
 def pytest_configure(config: pytest.Config) -> None:
