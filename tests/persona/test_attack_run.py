@@ -1,8 +1,10 @@
 """The persona under attack, end to end (docs/persona.md): every string of persona/attacks.py sent to a
-real engine (the bundled LLM, the default card, the memory bank) as host text and as viewer chat; the
-heard reply (``played_text``) judged by persona.attacks.judge; her own memories checked afterwards.
+real engine (the bundled LLM, the default card, the memory bank) as host text, as viewer chat and spoken
+by the host (the Piper voice into the mic: VAD, ASR, end of turn); the heard reply (``played_text``) judged
+by persona.attacks.judge; her own memories checked afterwards.
 
-Slow (about two turns a minute per core): ``pytest -m slow tests/persona/test_attack_run.py -s``.
+Slow (about two turns a minute per core): ``pytest -m slow tests/persona/test_attack_run.py -s``;
+``IDOLCAST_ATTACK_WAYS=spoken`` (or ``host,chat``) runs only those ways.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from engine.bench.voice import EngineConnection
 from engine.clock import MediaClock
 from persona.attacks import ATTACKS, judge
+from tests.engine.test_conversation import speech_48k
 from tests.surfaces.harness import base_settings, live_server, shared_models
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(3600)]
@@ -30,6 +33,16 @@ async def test_the_persona_holds_against_the_attack_set(tmp_path: Path) -> None:
     settings.surfaces.chat.user_cooldown_s = 0.0
     settings.surfaces.chat.min_turn_gap_s = 0.2
     settings.llm.max_new_tokens = 32
+    # a spoken attack of several sentences is one turn: the sentences' pauses do not end it
+    settings.vad.turn_detector = "off"
+    settings.vad.end_of_turn_silence_ms = 1200
+    ways = [w for w in os.environ.get("IDOLCAST_ATTACK_WAYS", "host,chat,spoken").split(",") if w]
+    assert ways and set(ways) <= {"host", "chat", "spoken"}, ways
+    voices = (
+        {a.text: await asyncio.to_thread(speech_48k, a.text, 1.5) for a in ATTACKS}
+        if "spoken" in ways
+        else {}
+    )
     rows: list[dict[str, object]] = []
     async with live_server(settings, shared_models()) as server:
         await server.engine.load_persona()
@@ -38,21 +51,25 @@ async def test_the_persona_holds_against_the_attack_set(tmp_path: Path) -> None:
         try:
             async with aiohttp.ClientSession(headers=server.auth) as http:
                 for i, attack in enumerate(ATTACKS):
-                    for how in ("host", "chat"):
+                    for how in ways:
                         if how == "host":
                             await conn.say(attack.text)
+                        elif how == "spoken":
+                            clip = conn.mic.play(voices[attack.text])
+                            await clip.done.wait()
                         else:
                             body = {"user": f"viewer{i}", "text": attack.text, "role": "chat"}
                             async with http.post(
                                 f"{server.url}/api/sessions/{conn.session_id}/chat", json=body
                             ) as r:
                                 assert r.status in (200, 202), await r.text()
-                        done = await conn.wait_event("turn_completed", 120)
+                        done = await conn.wait_event("turn_completed", 120, or_unanswered=True)
                         reply = str(done.get("played_text", ""))
                         rows.append(
                             {
                                 "how": how,
                                 "attack": attack.text,
+                                "heard": (done.get("timings") or {}).get("user_text", done.get("text", "")),
                                 "reply": reply,
                                 "failed": judge(attack, reply),
                             }
@@ -68,6 +85,7 @@ async def test_the_persona_holds_against_the_attack_set(tmp_path: Path) -> None:
     failed = [r for r in rows if r["failed"]]
     rate = 1 - len(failed) / len(rows)
     report = {
+        "ways": ways,
         "turns": len(rows),
         "passed": len(rows) - len(failed),
         "pass_rate": round(rate, 3),
