@@ -103,6 +103,11 @@ class CapacityConfig(BaseModel):
     cores: float | None = Field(
         None, gt=0.0, description="CPU cores the engine may use (default: those this process may run on)"
     )
+    idle_cpu_cores: float | None = Field(
+        None,
+        ge=0.0,
+        description="pin the idle engine's CPU, in cores (default: measured while no session is open)",
+    )
     session_cpu_cores: float | None = Field(
         None,
         gt=0.0,

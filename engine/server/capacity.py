@@ -269,7 +269,10 @@ class CapacityMonitor:
 
     def _baseline(self) -> float:
         """The idle engine's CPU: a low percentile of the idle samples (work that outlives a session,
-        such as a memory write-back, runs in idle seconds too and is not the floor)."""
+        such as a memory write-back, runs in idle seconds too and is not the floor), or the pinned
+        ``capacity.idle_cpu_cores``."""
+        if self.config.idle_cpu_cores is not None:
+            return self.config.idle_cpu_cores
         idle = sorted(b for _, b in self._idle)
         return idle[len(idle) // 5] if idle else 0.0
 

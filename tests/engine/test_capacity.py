@@ -37,6 +37,20 @@ def _monitor(
 
 
 @pytest.mark.unit
+def test_a_pinned_idle_engine_replaces_the_measured_baseline() -> None:
+    sessions, talking = [0], [0]
+    config = CapacityConfig(cores=1.0, target_utilization=1.0, idle_cpu_cores=0.2, session_cpu_cores=0.35)
+    m, cpu, now = _monitor(config, sessions, talking)
+    m.sample()
+    for _ in range(5):  # a busy "idle" engine (say, a client in the same process): 0.6 core measured
+        now[0] += 1.0
+        cpu.total["loop"] += 0.6
+        m.sample()
+    view = m.cpu_view()
+    assert view.baseline == 0.2 and view.capacity == 2  # ⌊(1.0 − 0.2) / 0.35⌋, not ⌊(1.0 − 0.6) / 0.35⌋
+
+
+@pytest.mark.unit
 def test_measured_cost_replaces_the_prior_and_bounds_the_capacity() -> None:
     sessions, talking = [0], [0]
     m, cpu, now = _monitor(CapacityConfig(cores=2.0, min_samples=10, floor_fraction=0.0), sessions, talking)
