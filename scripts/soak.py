@@ -81,8 +81,16 @@ def main() -> int:
                     log_tail.append(line.strip())
             sys.stderr.write(line)
 
+    out_text: list[str] = []
+
+    def read_report() -> None:  # drained as it comes: a report bigger than the pipe would block the bench
+        assert bench.stdout is not None
+        out_text.append(bench.stdout.read())
+
     reader = threading.Thread(target=read_log, daemon=True)
     reader.start()
+    report_reader = threading.Thread(target=read_report, daemon=True)
+    report_reader.start()
     samples: list[dict[str, Any]] = []
     start = time.monotonic()
     pid: int | None = None
@@ -102,8 +110,8 @@ def main() -> int:
                 log.write(json.dumps(sample) + "\n")
                 log.flush()
             time.sleep(args.every)
-    assert bench.stdout is not None
-    report = json.loads(bench.stdout.read() or "{}")
+    report_reader.join(timeout=30)
+    report = json.loads("".join(out_text) or "{}")
     reader.join(timeout=5)
     after10, last = at_turn(samples, 10), (samples[-1] if samples else None)
     # the last sample with the engine still serving (before the bench shut it down): the max turn reached
