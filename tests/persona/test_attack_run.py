@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +25,31 @@ from tests.engine.test_conversation import speech_48k
 from tests.surfaces.harness import base_settings, live_server, shared_models
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(3600)]
+
+
+async def spoken_turns(conn: EngineConnection, quiet_s: float = 3.0) -> list[dict[str, Any]]:
+    """Every turn one spoken attack made: the ASR may hear one attack as two turns (an empty ``final`` for
+    its first words, then the rest), so turns are collected until none is open and none began for
+    ``quiet_s``; an attack's reply is then all of its turns' replies."""
+    done: list[dict[str, Any]] = []
+    started = 0
+    while True:
+        wait = (
+            120.0
+            if not done or started > len([d for d in done if d.get("type") == "turn_completed"])
+            else quiet_s
+        )
+        try:
+            ev = await asyncio.wait_for(conn.events.get(), wait)
+        except TimeoutError:
+            if not done:
+                raise
+            return done
+        kind = ev.get("type")
+        if kind == "user_turn":
+            started += 1
+        elif kind == "turn_completed" or (kind == "final" and ev.get("unanswered")):
+            done.append(ev)
 
 
 async def test_the_persona_holds_against_the_attack_set(tmp_path: Path) -> None:
@@ -55,8 +81,27 @@ async def test_the_persona_holds_against_the_attack_set(tmp_path: Path) -> None:
                         if how == "host":
                             await conn.say(attack.text)
                         elif how == "spoken":
+                            while not conn.events.empty():
+                                conn.events.get_nowait()
                             clip = conn.mic.play(voices[attack.text])
                             await clip.done.wait()
+                            turns = await spoken_turns(conn)
+                            heard = " | ".join(
+                                str((t.get("timings") or {}).get("user_text", "")) for t in turns
+                            )
+                            reply = " ".join(str(t.get("played_text", "")) for t in turns).strip()
+                            rows.append(
+                                {
+                                    "how": how,
+                                    "attack": attack.text,
+                                    "heard": heard,
+                                    "turns": len(turns),
+                                    "reply": reply,
+                                    "failed": judge(attack, reply),
+                                }
+                            )
+                            print(json.dumps(rows[-1]), flush=True)
+                            continue
                         else:
                             body = {"user": f"viewer{i}", "text": attack.text, "role": "chat"}
                             async with http.post(
