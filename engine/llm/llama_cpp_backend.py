@@ -45,6 +45,7 @@ from engine.llm.streaming import (
     CallStats,
     PieceChannel,
     WorkerStream,
+    prefill_in_chunks,
     run_stoppable,
     sample_reply,
 )
@@ -344,19 +345,9 @@ class LlamaCppLLM:
         chunks; the last logits, or None once stopped (what was fed stays cached)."""
         keep = min(common_prefix_len(c.ids, ids), limit)
         c.crop(keep)
-        stats.reused_tokens = keep
-        self.reused_tokens += keep
-        logits: np.ndarray | None = None
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            if stop.is_set():
-                stats.stop_reason = "cancelled"
-                return None
-            chunk = ids[start : start + PREFILL_CHUNK]
-            logits = c.feed(chunk)
-            stats.prefilled_tokens += len(chunk)
-            self.prefilled_tokens += len(chunk)
-        stats.prefill_queued_s = time.perf_counter() - stats.started
-        return logits
+        return prefill_in_chunks(
+            ids, keep, lambda piece, _start: c.feed(piece), PREFILL_CHUNK, stop, stats, self
+        )
 
     def _check_length(self, prompt_tokens: int) -> None:
         if prompt_tokens + self.config.max_new_tokens > self.n_ctx:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Executor
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 L = TypeVar("L")  # a backend's logits row (torch tensor, numpy array)
 
@@ -46,6 +46,43 @@ class CallStats:
     stop_reason: str = ""  # "eos" | "max_new_tokens" | "cancelled" | "error"
     reply_ids: list[int] = field(default_factory=list, repr=False)
     started: float = field(default_factory=time.perf_counter, repr=False)
+
+
+class PrefillTotals(Protocol):
+    """A model's running counts across calls (what its describe/metrics report)."""
+
+    reused_tokens: int
+    prefilled_tokens: int
+
+
+Logits = TypeVar("Logits")
+
+
+def prefill_in_chunks(
+    ids: list[int],
+    keep: int,
+    feed: Callable[[list[int], int], Logits],
+    chunk: int,
+    stop: threading.Event,
+    stats: CallStats,
+    totals: PrefillTotals,
+) -> Logits | None:
+    """Feed ``ids[keep:]`` (the first ``keep`` are already evaluated) ``chunk`` tokens at a time through
+    ``feed(piece, start)``, checking ``stop`` between pieces; counts go to this call's ``stats`` and the
+    model's ``totals``. The last logits, or None once stopped (what was fed stays fed)."""
+    stats.reused_tokens = keep
+    totals.reused_tokens += keep
+    logits: Logits | None = None
+    for start in range(keep, len(ids), chunk):
+        if stop.is_set():
+            stats.stop_reason = "cancelled"
+            return None
+        piece = ids[start : start + chunk]
+        logits = feed(piece, start)
+        stats.prefilled_tokens += len(piece)
+        totals.prefilled_tokens += len(piece)
+    stats.prefill_queued_s = time.perf_counter() - stats.started
+    return logits
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 from engine.llm.base import ChatMessage, LLMError
 from engine.llm.config import LLMConfig
 from engine.llm.kv_cache import CacheEntry, common_prefix_len, crop_cache
-from engine.llm.streaming import CallStats, PieceChannel, sample_reply
+from engine.llm.streaming import CallStats, PieceChannel, prefill_in_chunks, sample_reply
 
 PREFILL_CHUNK = 256  # tokens per prefill forward: the stop flag is checked between chunks
 
@@ -139,20 +139,14 @@ class TransformersGeneration:
     ) -> torch.Tensor | None:
         """Feed ``ids[keep:]`` (the first ``keep`` are already cached) in ``PREFILL_CHUNK`` pieces through
         ``forward(chunk, start)``, appending each to ``fed``; the last logits, or None once stopped."""
-        stats.reused_tokens = keep
-        self.reused_tokens += keep
-        logits: torch.Tensor | None = None
-        for start in range(keep, len(ids), PREFILL_CHUNK):
-            if stop.is_set():
-                stats.stop_reason = "cancelled"
-                return None
-            chunk = ids[start : start + PREFILL_CHUNK]
-            logits = forward(chunk, start)
-            fed.extend(chunk)
-            stats.prefilled_tokens += len(chunk)
-            self.prefilled_tokens += len(chunk)
-        assert logits is not None
-        stats.prefill_queued_s = time.perf_counter() - stats.started
+
+        def feed(piece: list[int], start: int) -> torch.Tensor:
+            logits = forward(piece, start)
+            fed.extend(piece)
+            return logits
+
+        logits = prefill_in_chunks(ids, keep, feed, PREFILL_CHUNK, stop, stats, self)
+        assert logits is not None or stop.is_set()
         return logits
 
     def _check_length(self, prompt_tokens: int, positions: int, whose: str, setting: str = "") -> None:
