@@ -17,7 +17,8 @@
 # engine's default, 96 ms, suits a CPU); TURNS and BARGE the bench's questions and barge-in rounds; any other
 # IDOLCAST_* variable set by the caller is passed on. Many sessions (issue 13): SESSIONS=N runs
 # `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (STAGGER_S the
-# seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level); both write
+# seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level, CLIENT_PROCS the
+# worker processes the bench's clients are spread over, 0 = one per two clients); both write
 # $OUT/sessions.json instead of bench.json and skip the single-session report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ bench)
         if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY");
         else MANY=(--sessions "$SESSIONS"); fi
         timeout "${BENCH_TIMEOUT:-540}" python3 -m engine.cli bench --turns "${TURNS:-5}" "${MANY[@]}" \
-            --stagger-s "${STAGGER_S:-1.0}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
+            --stagger-s "${STAGGER_S:-1.0}" --client-procs "${CLIENT_PROCS:-0}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
             --sl-min-fps "${SL_MIN_FPS:-27}" --json > "$OUT/sessions.json" 2> "$OUT/sessions.log"
         echo "bench exit $?"
         tail -5 "$OUT/sessions.log"
@@ -75,7 +76,7 @@ r = json.load(open(sys.argv[1]))
 for s in r["per_session"]:
     print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
           s["fps_min_1s"], "lipsync", s["lipsync_offset_ms"], s["error"] or "")
-print("pooled", r["sessions"], r["pooled"])
+print("pooled", r["sessions"], "client processes", r.get("client_procs"), r["pooled"])
 for step in (r.get("capacity") or {}).get("steps", []):
     est = step.get("engine_capacity") or {}
     print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],

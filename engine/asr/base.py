@@ -26,6 +26,11 @@ class TranscriptStream(Protocol):
 
     def append(self, audio: np.ndarray) -> None: ...
 
+    @property
+    def busy(self) -> bool:
+        """A decode of this utterance is in flight."""
+        ...
+
     async def partial(self) -> Transcript: ...
 
     async def speculate(self) -> None:

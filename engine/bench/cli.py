@@ -58,6 +58,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-probe", type=int, default=8, help="--find-capacity: the most sessions tried")
     p.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help="--sessions: worker processes for the clients, which decode every session's video "
+        "(0: one per two clients, at most one per two cores; 1: all in the bench's own process)",
+    )
+    p.add_argument(
         "--stagger-s", type=float, default=1.0, help="--sessions: seconds between clients' first questions"
     )
     p.add_argument(
@@ -294,6 +301,7 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
         "character": settings.avatar.character,
         "client_jitter_frames": args.client_jitter_frames,
         "stagger_s": args.stagger_s,
+        "client_procs": args.client_procs,
     }
 
     level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)

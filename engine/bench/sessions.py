@@ -5,6 +5,12 @@ own aiortc peer, its own clock, its own questions (the question list rotated, so
 same thing at the same moment), its first question ``stagger_s`` after the previous client's, so turns
 overlap as several real hosts' would. The report has each session's figures and the pooled ones.
 
+The clients decode every session's video to measure fps and lip sync, which costs a receiver as much as
+the engine's encoders cost it; with many sessions one Python process cannot keep up and measures its own
+backlog (the first H200 run: 16 clients in one process heard replies seconds after the engine sent them).
+So ``client_procs`` spreads them over worker processes, a few clients each, started on one shared
+wall-clock schedule.
+
 ``--find-capacity`` runs one session for the reference P95, then raises N by one until the service level
 breaks, and reports the largest N that held (with every step's figures, and the engine's own estimate
 from ``/api/capacity`` taken at the peak of each step).
@@ -15,8 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -150,6 +159,54 @@ async def engine_capacity(url: str, token: str | None = None) -> dict[str, Any] 
         return None
 
 
+def default_client_procs(n: int) -> int:
+    """Worker processes for ``n`` clients: one per two clients, one per two cores at most (1: in-process)."""
+    return max(1, min((n + 1) // 2, (os.cpu_count() or 1) // 2))
+
+
+def _client_group(
+    url: str,
+    assigned: list[tuple[int, list[Question], float]],
+    start_at: float,
+    client_kwargs: dict[str, Any],
+) -> list[dict[str, Any] | str]:
+    """A worker process's clients (index, questions, delay after ``start_at``): results, or the error's text."""
+    logging.basicConfig(level=logging.WARNING)
+
+    async def run_all() -> list[dict[str, Any] | BaseException]:
+        offset = max(0.0, start_at - time.time())  # the same schedule in every process
+        return await asyncio.gather(
+            *(
+                run_voice_bench(url, qs, None, 0, start_delay_s=offset + delay, **client_kwargs)
+                for _, qs, delay in assigned
+            ),
+            return_exceptions=True,
+        )
+
+    return [r if isinstance(r, dict) else f"{type(r).__name__}: {r}" for r in asyncio.run(run_all())]
+
+
+async def _clients_in_processes(
+    url: str, schedule: list[tuple[int, list[Question], float]], procs: int, client_kwargs: dict[str, Any]
+) -> list[dict[str, Any] | BaseException]:
+    groups = [schedule[k::procs] for k in range(procs)]
+    start_at = time.time() + 6.0  # a spawned worker imports aiortc and numpy first (~2-4 s)
+    loop = asyncio.get_running_loop()
+    results: list[dict[str, Any] | BaseException] = [RuntimeError("no result")] * len(schedule)
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs) for g in groups]
+        for group, outcome in zip(
+            groups, await asyncio.gather(*futures, return_exceptions=True), strict=True
+        ):
+            for k, (i, _, _) in enumerate(group):
+                if isinstance(outcome, BaseException):
+                    results[i] = outcome
+                else:
+                    r = outcome[k]
+                    results[i] = r if isinstance(r, dict) else RuntimeError(r)
+    return results
+
+
 async def run_sessions(
     url: str,
     questions: Sequence[Question],
@@ -160,34 +217,44 @@ async def run_sessions(
     same_host: bool = False,
     stagger_s: float = 1.0,
     token: str | None = None,
+    client_procs: int = 0,
 ) -> dict[str, Any]:
     """N clients at once against the engine at ``url``; the report of ``--sessions N``.
 
     The clients present the host credential as the single-session bench does ($IDOLCAST_TOKEN, else the
     local engine's); ``token`` is only for the engine's ``/api/capacity``, read beside them.
+    ``client_procs``: worker processes for the clients (0: :func:`default_client_procs`; 1: this one).
     """
-    clients = [
-        run_voice_bench(
-            url,
-            rotated(questions, i),
-            None,  # barge-in is the single-session bench's measure
-            0,
-            character,
-            client_jitter_frames,
-            same_host=same_host,
-            start_delay_s=i * stagger_s,
-        )
-        for i in range(n)
-    ]
+    procs = min(n, client_procs or default_client_procs(n))
+    client_kwargs: dict[str, Any] = {
+        "character": character,
+        "client_jitter_frames": client_jitter_frames,
+        "same_host": same_host,
+    }
+    schedule = [(i, rotated(questions, i), i * stagger_s) for i in range(n)]
+    if procs > 1:
+        clients = _clients_in_processes(url, schedule, procs, client_kwargs)
+    else:
+
+        async def in_process() -> list[dict[str, Any] | BaseException]:
+            return await asyncio.gather(
+                *(
+                    run_voice_bench(url, qs, None, 0, start_delay_s=d, **client_kwargs)
+                    for _, qs, d in schedule
+                ),
+                return_exceptions=True,
+            )
+
+        clients = in_process()
     peak: dict[str, Any] = {}
 
     async def sample_peak() -> None:  # the engine's own estimate while all N are connected
-        await asyncio.sleep(1.5 + n * stagger_s)
+        await asyncio.sleep(1.5 + n * stagger_s + (6.0 if procs > 1 else 0.0))
         peak["engine"] = await engine_capacity(url, token)
 
     sampler = asyncio.ensure_future(sample_peak())
     try:
-        results = await asyncio.gather(*clients, return_exceptions=True)
+        results = await clients
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -198,6 +265,7 @@ async def run_sessions(
             log.warning("session %d: %s", s["index"], s["error"])
     return {
         "sessions": n,
+        "client_procs": procs,
         "per_session": per_session,
         "pooled": pool(per_session),
         "engine_capacity": peak.get("engine"),

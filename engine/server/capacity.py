@@ -17,6 +17,12 @@ Capacity = ⌊(cores × target_utilization [− others] − baseline) / cost of 
 ``server.max_sessions``. Where the process has initialized CUDA, GPU memory is a second resource the
 same way (measured growth per session). A session past the capacity is refused (HTTP 503, Retry-After,
 the resource named) rather than admitted into a stream that would degrade everyone's.
+
+The event loop is a third resource, of one core whatever the machine: every session's signalling, RTP
+packets and pacing run on it, and Python runs one thread at a time. Its cost per session is the loop
+thread's CPU the same way (idle floor, then (busy − floor) / sessions), against ``target_utilization`` of
+one core. How late it runs (a probe's oversleep, ``loop_lag``) is reported beside it: a loop that is
+late delays every session's audio at once.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 PRIOR_VIDEO_MS_PER_FRAME_720P = {"render": 13.9, "convert": 5.0, "encode": 13.0}
 PRIOR_VOICE_MS_PER_S = {"llm": 450.0, "asr": 80.0, "tts": 90.0, "vad": 10.0, "loop": 30.0}
 PRIOR_GPU_GIB_PER_SESSION = 0.25
+PRIOR_LOOP_CORES_PER_SESSION = {"voice": 0.03, "video": 0.03}  # RTP in and out, pacing, events
 PIXELS_720P = 1280 * 720
 
 
@@ -146,6 +153,34 @@ def _gpu_memory() -> tuple[float, float] | None:
     return (total - free) / 2**30, total / 2**30
 
 
+class LoopLag:
+    """How late the event loop wakes up: a probe sleeps ``probe_s`` and records how much longer it took."""
+
+    def __init__(self, window_s: float = 10.0, probe_s: float = 0.1) -> None:
+        self.window_s = window_s
+        self.probe_s = probe_s
+        self._samples: deque[tuple[float, float]] = deque()  # (t, lag in seconds)
+        self._lock = threading.Lock()
+
+    def record(self, now: float, lag_s: float) -> None:
+        with self._lock:
+            self._samples.append((now, max(0.0, lag_s)))
+            while self._samples and self._samples[0][0] < now - self.window_s:
+                self._samples.popleft()
+
+    def summary_ms(self) -> dict[str, float | None]:
+        """P50, P90 and the largest lag over the window, in ms (None: no probe yet)."""
+        with self._lock:
+            lags = sorted(lag for _, lag in self._samples)
+        if not lags:
+            return {"p50": None, "p90": None, "max": None}
+
+        def at(q: float) -> float:
+            return round(1000.0 * lags[min(len(lags) - 1, int(math.ceil(q * len(lags))) - 1)], 1)
+
+        return {"p50": at(0.5), "p90": at(0.9), "max": round(1000.0 * lags[-1], 1)}
+
+
 # ---- the estimate ---------------------------------------------------------------------------------------
 
 
@@ -229,6 +264,12 @@ class CapacityMonitor:
         self._baseline_gpu: float | None = None
         self._loaded: deque[tuple[float, float, dict[str, float]]] = deque()  # (t, cores/session, stages)
         self._gpu_per_session: deque[tuple[float, float]] = deque()
+        self._loop_idle: deque[tuple[float, float]] = deque()  # (t, loop thread's cores) with no session
+        self._loop_loaded: deque[tuple[float, float]] = deque()  # (t, loop cores per session)
+        self.loop_lag = LoopLag()
+        self.prior_loop = PRIOR_LOOP_CORES_PER_SESSION["voice"] + (
+            PRIOR_LOOP_CORES_PER_SESSION["video"] if settings.avatar.enabled else 0.0
+        )
         self._lock = threading.Lock()
 
     # -- sampling (in a worker thread: it reads /proc) --
@@ -249,8 +290,10 @@ class CapacityMonitor:
             if machine is not None and self._last_machine is not None:
                 others = max(0.0, (self._last_machine - machine) / dt - busy)
                 self._others = 0.7 * self._others + 0.3 * others  # smoothed: a one-second burst is not load
+            loop = rate.get("loop", 0.0)
             if n == 0:  # idle: the engine's own floor
                 self._idle.append((now, busy))
+                self._loop_idle.append((now, loop))
                 if gpu is not None:
                     self._baseline_gpu = gpu[0]
             elif talking > 0:
@@ -258,10 +301,11 @@ class CapacityMonitor:
                 share = max(0.0, busy - base) / n
                 stages = {k: v / n for k, v in rate.items()}
                 self._loaded.append((now, share, stages))
+                self._loop_loaded.append((now, max(0.0, loop - self._loop_baseline()) / n))
                 if gpu is not None and self._baseline_gpu is not None:
                     self._gpu_per_session.append((now, max(0.0, gpu[0] - self._baseline_gpu) / n))
             horizon = now - self.config.history_s
-            for q in (self._loaded, self._gpu_per_session, self._idle):
+            for q in (self._loaded, self._gpu_per_session, self._idle, self._loop_idle, self._loop_loaded):
                 while q and q[0][0] < horizon:
                     q.popleft()
 
@@ -274,6 +318,10 @@ class CapacityMonitor:
         if self.config.idle_cpu_cores is not None:
             return self.config.idle_cpu_cores
         idle = sorted(b for _, b in self._idle)
+        return idle[len(idle) // 5] if idle else 0.0
+
+    def _loop_baseline(self) -> float:
+        idle = sorted(b for _, b in self._loop_idle)
         return idle[len(idle) // 5] if idle else 0.0
 
     def cpu_view(self) -> ResourceView:
@@ -298,7 +346,7 @@ class CapacityMonitor:
             stages = {k: sum(st.get(k, 0.0) for _, _, st in loaded) / len(loaded) for k in keys}
         taken = others if cfg.count_other_processes and cfg.cores is None else 0.0
         available = max(0.0, self.cores * cfg.target_utilization - taken)
-        cap = max(0, int((available - baseline) / per)) if per > 0 else self.max_sessions
+        cap = max(0, int((available - baseline) / per + 1e-9)) if per > 0 else self.max_sessions
         return ResourceView(
             "cpu",
             "cores",
@@ -330,9 +378,29 @@ class CapacityMonitor:
             "gpu_memory", "GiB", available, total, used, baseline, per, measured, len(samples), cap
         )
 
+    def loop_view(self) -> ResourceView:
+        """The event loop: one core, the loop thread's CPU per session (the prior until measured)."""
+        cfg = self.config
+        with self._lock:
+            loaded = [s for _, s in self._loop_loaded]
+            baseline = self._loop_baseline()
+            in_use = self._rate.get("loop", 0.0)
+        measured = _p90(loaded) if loaded else None
+        w = min(1.0, len(loaded) / cfg.min_samples)
+        per = (
+            self.prior_loop
+            if measured is None
+            else max(cfg.floor_fraction * self.prior_loop, w * measured + (1.0 - w) * self.prior_loop)
+        )
+        available = cfg.target_utilization  # of one core
+        cap = max(0, int((available - baseline) / per + 1e-9)) if per > 0 else self.max_sessions
+        return ResourceView(
+            "event_loop", "cores", available, 1.0, in_use, baseline, per, measured, len(loaded), cap
+        )
+
     def report(self) -> dict[str, Any]:
         """What ``/api/capacity`` answers."""
-        views = [v for v in (self.cpu_view(), self.gpu_view()) if v is not None]
+        views = [v for v in (self.cpu_view(), self.gpu_view(), self.loop_view()) if v is not None]
         bound = min(views, key=lambda v: v.capacity)
         capacity, bounding = bound.capacity, bound.name
         if self.max_sessions <= capacity:
@@ -344,6 +412,7 @@ class CapacityMonitor:
             "admission": self.config.admission,  # false: the estimate is reported, not enforced
             "max_sessions": self.max_sessions,
             "resources": {v.name: v.as_dict() for v in views},
+            "event_loop_lag_ms": self.loop_lag.summary_ms(),
         }
 
     def refusal(self, open_sessions: int) -> Refusal | None:
@@ -355,7 +424,7 @@ class CapacityMonitor:
             return None
         if open_sessions < self.config.min_sessions:
             return None
-        for view in (self.cpu_view(), self.gpu_view()):
+        for view in (self.cpu_view(), self.gpu_view(), self.loop_view()):
             if view is not None and open_sessions + 1 > view.capacity:
                 return Refusal(
                     view.name,

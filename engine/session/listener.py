@@ -50,6 +50,12 @@ class Utterance:
     early: EarlyReply | None = None
     turn_end: TurnEndDecision | None = None  # the latest pause's judgement of the words so far
     turn_end_t: float = 0.0  # when it was made (clock time)
+    pause_t: float = 0.0  # the latest pause: when it was heard, when its speculative decode was done
+    transcribed_t: float = 0.0
+    contended: tuple[bool, bool] = (
+        False,
+        False,
+    )  # at that pause: a partial decode, the LLM warming, in flight
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -71,6 +77,7 @@ class Listener:
         self.parts = parts
         self.conversation = conversation
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
+        self._warming = False  # the LLM is evaluating a partial transcript's words
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
@@ -150,15 +157,20 @@ class Listener:
     async def _warm_turn(self, words: str) -> None:
         """The LLM evaluates the host's words so far while she talks (an optimization: failures only log)."""
         turn = UserTurn(t=self.parts.clock.now(), text=words, source="voice", speaker="host", turn_id=0)
+        self._warming = True
         try:
             await self._turn_end_detector().warm(turn)
         except Exception as e:
             log.debug("warming the turn's words failed: %r", e)
+        finally:
+            self._warming = False
 
     async def _speculate(self, utt: Utterance, vad: VoiceActivity, silence_start: float) -> None:
         """A pause: decode what was said so far, judge whether it is finished, and maybe start replying."""
         p = self.parts
+        paused_t, contended = p.clock.now(), (utt.stream.busy, self._warming)
         await utt.stream.speculate()
+        utt.pause_t, utt.transcribed_t, utt.contended = paused_t, p.clock.now(), contended
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
         if settled is None or not settled.text or not utt.paused or utt.ended:
@@ -204,8 +216,17 @@ class Listener:
         timings = turn.timings
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
         if utt.turn_end is not None:
-            decided = round((utt.turn_end_t - speech_end) * 1000, 1)
-            timings.turn_end = utt.turn_end.to_dict() | {"decided_after_speech_end_ms": decided}
+
+            def after(t: float) -> float:
+                return round((t - speech_end) * 1000, 1)
+
+            timings.turn_end = utt.turn_end.to_dict() | {
+                "paused_after_speech_end_ms": after(utt.pause_t),
+                "transcribed_after_speech_end_ms": after(utt.transcribed_t),
+                "decided_after_speech_end_ms": after(utt.turn_end_t),
+                "partial_in_flight": utt.contended[0],
+                "llm_warming": utt.contended[1],
+            }
         p.bus.publish(turn.user)
         p.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.id))
         if early is not None:

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from engine.config import CapacityConfig, Settings, load_settings
-from engine.server.capacity import CapacityMonitor, ProcCPU, stage_of_thread
+from engine.server.capacity import CapacityMonitor, LoopLag, ProcCPU, stage_of_thread
 
 
 class ScriptedCPU(ProcCPU):
@@ -112,6 +112,46 @@ def test_other_processes_load_is_not_available() -> None:
     assert refusal is not None and "other processes: 2.00" in refusal.message
     m.config = CapacityConfig(session_cpu_cores=0.5)  # measured and reported, not subtracted
     assert m.cpu_view().others == pytest.approx(2.0, abs=0.01) and m.cpu_view().capacity == 6
+
+
+@pytest.mark.unit
+def test_a_busy_event_loop_bounds_the_sessions_whatever_the_cores() -> None:
+    sessions, talking = [0], [0]
+    m, cpu, now = _monitor(CapacityConfig(cores=64.0, min_samples=5), sessions, talking)
+    m.max_sessions = 64
+    m.sample()
+    for _ in range(5):
+        now[0] += 1.0
+        cpu.total["loop"] += 0.05  # the idle engine's loop
+        m.sample()
+    sessions[0] = talking[0] = 4
+    for _ in range(10):
+        now[0] += 1.0
+        cpu.total["loop"] += 0.05 + 4 * 0.1  # each session keeps the loop 0.1 core busy
+        cpu.total["llm"] += 4 * 0.2
+        m.sample()
+    loop = m.loop_view()
+    assert loop.per_session == pytest.approx(0.1, abs=0.005) and loop.baseline == pytest.approx(
+        0.05, abs=0.005
+    )
+    assert loop.capacity == 8  # ⌊(0.85 − 0.05) / 0.1⌋: one core, however many the machine has
+    report = m.report()
+    assert report["bounded_by"] == "event_loop" and report["capacity"] == 8
+    assert m.cpu_view().capacity > 8
+    r = m.refusal(8)
+    assert r is not None and r.resource == "event_loop" and "event_loop is full" in r.message
+    assert m.refusal(7) is None
+
+
+@pytest.mark.unit
+def test_loop_lag_is_summarized_over_its_window() -> None:
+    lag = LoopLag(window_s=10.0)
+    assert lag.summary_ms() == {"p50": None, "p90": None, "max": None}
+    for i in range(10):
+        lag.record(float(i), 0.001 * (i + 1))  # 1 … 10 ms
+    assert lag.summary_ms() == {"p50": 5.0, "p90": 9.0, "max": 10.0}
+    lag.record(25.0, 0.2)  # the earlier ones have left the window
+    assert lag.summary_ms() == {"p50": 200.0, "p90": 200.0, "max": 200.0}
 
 
 @pytest.mark.unit

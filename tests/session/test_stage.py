@@ -136,6 +136,10 @@ class _HearsNothing:
             def reset(self) -> None:
                 stream.reset()
 
+            @property
+            def busy(self) -> bool:
+                return bool(stream.busy)
+
             async def partial(self) -> Transcript:
                 return empty
 
