@@ -82,6 +82,9 @@ for step in (r.get("capacity") or {}).get("steps", []):
     print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],
           step["broken"], "engine's estimate:", est.get("capacity"), est.get("bounded_by"))
 print("capacity", (r.get("capacity") or {}).get("largest_n_held"))
+e = r.get("engine_capacity") or {}
+print("engine at the peak:", e.get("capacity"), e.get("bounded_by"), "loop lag", e.get("event_loop_lag_ms"),
+      {k: (v.get("in_use"), v.get("per_session")) for k, v in (e.get("resources") or {}).items()})
 EOF
         exit 0
     fi
