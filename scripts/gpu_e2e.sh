@@ -65,10 +65,15 @@ bench)
     if [ -n "${FIND_CAPACITY:-}" ] || [ "${SESSIONS:-1}" -gt 1 ]; then
         if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY");
         else MANY=(--sessions "$SESSIONS"); fi
+        # 20 s before the limit, the engine dumps every thread's and task's stack (engine/server/diagnostics.py)
+        ( sleep $(( ${BENCH_TIMEOUT:-540} - 20 )); pkill -USR1 -f "engine.cli serve"
+          top -b -n 1 -H -w 200 | head -60 > "$OUT/top-threads.txt" ) > /dev/null 2>&1 &
+        DUMPER=$!
         timeout "${BENCH_TIMEOUT:-540}" python3 -m engine.cli bench --turns "${TURNS:-5}" "${MANY[@]}" \
             --stagger-s "${STAGGER_S:-1.0}" --client-procs "${CLIENT_PROCS:-0}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
             --sl-min-fps "${SL_MIN_FPS:-27}" --json > "$OUT/sessions.json" 2> "$OUT/sessions.log"
         echo "bench exit $?"
+        kill "$DUMPER" 2> /dev/null
         tail -5 "$OUT/sessions.log"
         python3 - "$OUT/sessions.json" <<'EOF'
 import json, sys

@@ -34,6 +34,8 @@ WHEELS = (
     "pydantic-core==2.50.5",
     "annotated-types==0.8.0",
     "typing-inspection==0.4.5",
+    "pydantic-settings==2.16.3",
+    "python-dotenv==1.2.4",
     "aiortc==1.16.0",
     "aioice==0.13.0",
     "pylibsrtp==1.0.0",

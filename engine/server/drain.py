@@ -25,6 +25,7 @@ import signal
 from aiohttp import web
 
 from engine.events import Draining
+from engine.server.diagnostics import install_dump_signal
 from engine.server.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ async def serve_until_signalled(app: web.Application, engine: Engine, host: str,
         await site.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        install_dump_signal(loop)  # kill -USR1: every thread's and task's stack on stderr
         await stop.wait()
         await drain(engine, engine.settings.server.drain_timeout_s, hurry)
     finally:
