@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from engine.session.timings import TurnMetrics
 from engine.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
+LOAD_LOG_S = 5.0  # seconds between the load lines while sessions are open
 
 PromptFactory = Callable[[str], PromptProvider]
 SessionHook = Callable[[Session], Awaitable[None]]
@@ -172,7 +174,9 @@ class Engine:
         self._ready.set()
 
     async def _watch_capacity(self) -> None:
-        """Sample the costs (in a worker thread: it reads /proc), keep the gauges current."""
+        """Sample the costs (in a worker thread: it reads /proc), keep the gauges current; while sessions are
+        open, one log line every ``LOAD_LOG_S`` (sessions, CPU, the loop's share and lateness)."""
+        logged = 0.0
         while True:
             try:
                 await asyncio.to_thread(self.capacity.sample)
@@ -180,6 +184,19 @@ class Engine:
                 self._capacity_gauge.set(report["capacity"])
                 for name, r in report["resources"].items():
                     self._utilization_gauge.labels(resource=name).set(r["utilization"])
+                now = time.monotonic()
+                if self.sessions and now - logged >= LOAD_LOG_S:
+                    logged = now
+                    res, lag = report["resources"], report["event_loop_lag_ms"]
+                    log.info(
+                        "load: %d session(s), cpu %.2f of %.0f cores, event loop %.2f core, lag p90 %s max %s ms",
+                        len(self.sessions),
+                        res["cpu"]["in_use"],
+                        res["cpu"]["total"],
+                        res["event_loop"]["in_use"],
+                        lag["p90"],
+                        lag["max"],
+                    )
             except Exception:
                 log.exception("capacity sample failed")
             await asyncio.sleep(self.settings.capacity.sample_s)
