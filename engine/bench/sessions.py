@@ -9,7 +9,10 @@ The clients decode every session's video to measure fps and lip sync, which cost
 the engine's encoders cost it; with many sessions one Python process cannot keep up and measures its own
 backlog (the first H200 run: 16 clients in one process heard replies seconds after the engine sent them).
 So ``client_procs`` spreads them over worker processes, a few clients each, started on one shared
-wall-clock schedule.
+wall-clock schedule, each worker pinned to its own slice of the cores: FFmpeg's VP8 decoder takes as many
+threads as the process may use cores, and libvpx's threads spin while they wait, so on the H200 host
+(16 cores) sixteen unpinned clients ran 256 spinning threads (load average 234): the engine's loop, which
+then needed 0.2 core, was ~1 s late and no client answered ICE consent checks within their 30 s.
 
 ``--find-capacity`` runs one session for the reference P95, then raises N by one until the service level
 breaks, and reports the largest N that held (with every step's figures, and the engine's own estimate
@@ -164,14 +167,26 @@ def default_client_procs(n: int) -> int:
     return max(1, min((n + 1) // 2, (os.cpu_count() or 1) // 2))
 
 
+def core_slices(cores: Sequence[int], procs: int) -> list[set[int]]:
+    """Worker ``k``'s cores: ``procs`` disjoint slices of ``cores`` (shared round-robin when fewer cores)."""
+    cores = sorted(cores)
+    if len(cores) < procs:
+        return [{cores[k % len(cores)]} for k in range(procs)]
+    per = len(cores) // procs
+    return [set(cores[k * per : (k + 1) * per]) for k in range(procs)]
+
+
 def _client_group(
     url: str,
     assigned: list[tuple[int, list[Question], float]],
     start_at: float,
     client_kwargs: dict[str, Any],
+    cores: set[int] | None = None,
 ) -> list[dict[str, Any] | str]:
     """A worker process's clients (index, questions, delay after ``start_at``): results, or the error's text."""
     logging.basicConfig(level=logging.WARNING)
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)  # before any decoder exists: it sizes its threads by these
 
     async def run_all() -> list[dict[str, Any] | BaseException]:
         offset = max(0.0, start_at - time.time())  # the same schedule in every process
@@ -193,8 +208,13 @@ async def _clients_in_processes(
     start_at = time.time() + 6.0  # a spawned worker imports aiortc and numpy first (~2-4 s)
     loop = asyncio.get_running_loop()
     results: list[dict[str, Any] | BaseException] = [RuntimeError("no result")] * len(schedule)
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    slices: list[set[int] | None] = list(core_slices(sorted(affinity), procs)) if affinity else [None] * procs
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs) for g in groups]
+        futures = [
+            loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs, cores)
+            for g, cores in zip(groups, slices, strict=True)
+        ]
         for group, outcome in zip(
             groups, await asyncio.gather(*futures, return_exceptions=True), strict=True
         ):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.bench.sessions import ServiceLevel, _session_entry, pool, rotated
+from engine.bench.sessions import ServiceLevel, _session_entry, core_slices, pool, rotated
 from engine.bench.stats import summarize
 from engine.bench.voice import Question
 
@@ -56,3 +56,11 @@ def test_each_host_asks_the_questions_in_its_own_order() -> None:
     assert [q.text for q in rotated(qs, 1)] == ["b", "c", "a"]
     assert [q.text for q in rotated(qs, 4)] == ["b", "c", "a"]
     assert rotated([], 2) == []
+
+
+@pytest.mark.unit
+def test_each_client_process_gets_its_own_cores() -> None:
+    assert core_slices(range(16), 8) == [{2 * k, 2 * k + 1} for k in range(8)]
+    assert core_slices(range(16), 16) == [{k} for k in range(16)]
+    assert core_slices([0, 1], 4) == [{0}, {1}, {0}, {1}]  # fewer cores than processes: shared
+    assert core_slices(range(5), 2) == [{0, 1}, {2, 3}]  # never two workers on one core while enough exist
