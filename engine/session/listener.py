@@ -78,6 +78,7 @@ class Listener:
         self.conversation = conversation
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
         self._warming = False  # the LLM is evaluating a partial transcript's words
+        self._warm_task: asyncio.Task[None] | None = None
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
@@ -115,11 +116,12 @@ class Listener:
                             utt.append(piece)
                         preroll.clear()
                         p.bus.publish(SpeechStarted(t=utt.start_t))
-                        owner.spawn(self._partials(utt), "partials")
+                        owner.spawn(self._partials(utt, owner), "partials")
                         if conv.speaking():
                             self._barge_in(owner)
                     elif isinstance(r, VADSpeechPaused) and utt is not None:
                         utt.paused = True
+                        self._stop_warming()  # the pause's decode and judgement need the cores now
                         owner.spawn(self._speculate(utt, vad, r.t), "speculate")
                     elif isinstance(r, VADSpeechResumed) and utt is not None:
                         utt.resume()
@@ -135,7 +137,11 @@ class Listener:
         finally:
             await owner.cancel_all()
 
-    async def _partials(self, utt: Utterance) -> None:
+    def _stop_warming(self) -> None:
+        if self._warm_task is not None and not self._warm_task.done():
+            self._warm_task.cancel()  # the LLM stops at its next prefill chunk; what it evaluated stays
+
+    async def _partials(self, utt: Utterance, owner: TaskOwner) -> None:
         p = self.parts
         interval = p.settings.asr.partial_interval_ms / 1000.0
         last = ""
@@ -147,8 +153,9 @@ class Listener:
             if tr.text and tr.text != last:
                 last = tr.text
                 p.bus.publish(PartialTranscript(t=p.clock.now(), text=tr.text, stable_text=tr.stable_text))
-                if not self.conversation.speaking() and not utt.paused and not utt.ended:
-                    await self._warm_turn(tr.text)
+                warm_idle = self._warm_task is None or self._warm_task.done()
+                if warm_idle and not self.conversation.speaking() and not utt.paused and not utt.ended:
+                    self._warm_task = owner.spawn(self._warm_turn(tr.text), "warm")
 
     def _turn_end_detector(self) -> TurnEndDetector:
         p = self.parts
