@@ -56,8 +56,15 @@ async def test_console_question_reply_captions_latency_and_overlay(
 
         # the spoken question gets a reply: transcript, captions and a latency row
         await page.wait_for_selector("#latency tbody tr", timeout=120_000)
-        host_line = await page.text_content("#transcript li.host")
-        assert host_line and wer(QUESTION, host_line) <= 0.25, host_line
+        # Chromium's fake microphone loops the WAV from when capture starts, which can be before the call is up:
+        # the first turn may then be the question's tail ("your favorite color."); the next loop is whole.
+        lines: list[str] = []
+        for _ in range(120):
+            lines = await page.eval_on_selector_all("#transcript li.host", "ls => ls.map(l => l.textContent)")
+            if any(wer(QUESTION, line) <= 0.25 for line in lines):
+                break
+            await asyncio.sleep(0.5)
+        assert any(wer(QUESTION, line) <= 0.25 for line in lines), lines
         assert (await page.text_content("#transcript li.idol") or "").strip()
         assert (await page.text_content("#captions") or "").strip()
         cells = await page.eval_on_selector_all(
