@@ -240,4 +240,6 @@ async def test_finished_words_end_the_turn_sooner_trailing_words_wait(
         # the finished question ends as soon as it is judged, before the 2.5 s silence (how soon is the
         # judgement's speed: `idolcast bench --turn-end`, not asserted here); the trailing words wait it out
         assert 200 <= gaps["finished"] < 2500, gaps
-        assert gaps["trailing"] >= 2500, gaps
+        # at least the whole silence, to within one 32 ms VAD window (the end is counted from the refined
+        # speech end, the silence in whole windows: 2,494 ms was measured once)
+        assert gaps["trailing"] >= 2500 - 32, gaps
