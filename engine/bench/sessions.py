@@ -176,6 +176,22 @@ def core_slices(cores: Sequence[int], procs: int) -> list[set[int]]:
     return [set(cores[k * per : (k + 1) * per]) for k in range(procs)]
 
 
+async def _run_clients(
+    url: str,
+    schedule: list[tuple[int, list[Question], float]],
+    client_kwargs: dict[str, Any],
+    offset: float = 0.0,
+) -> list[dict[str, Any] | BaseException]:
+    """The scheduled clients side by side in this process (barge-in is the single-session bench's measure)."""
+    return await asyncio.gather(
+        *(
+            run_voice_bench(url, qs, None, 0, start_delay_s=offset + d, **client_kwargs)
+            for _, qs, d in schedule
+        ),
+        return_exceptions=True,
+    )
+
+
 def _client_group(
     url: str,
     assigned: list[tuple[int, list[Question], float]],
@@ -188,17 +204,9 @@ def _client_group(
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before any decoder exists: it sizes its threads by these
 
-    async def run_all() -> list[dict[str, Any] | BaseException]:
-        offset = max(0.0, start_at - time.time())  # the same schedule in every process
-        return await asyncio.gather(
-            *(
-                run_voice_bench(url, qs, None, 0, start_delay_s=offset + delay, **client_kwargs)
-                for _, qs, delay in assigned
-            ),
-            return_exceptions=True,
-        )
-
-    return [r if isinstance(r, dict) else f"{type(r).__name__}: {r}" for r in asyncio.run(run_all())]
+    offset = max(0.0, start_at - time.time())  # the same schedule in every process
+    results = asyncio.run(_run_clients(url, assigned, client_kwargs, offset))
+    return [r if isinstance(r, dict) else f"{type(r).__name__}: {r}" for r in results]
 
 
 async def _clients_in_processes(
@@ -255,17 +263,7 @@ async def run_sessions(
     if procs > 1:
         clients = _clients_in_processes(url, schedule, procs, client_kwargs)
     else:
-
-        async def in_process() -> list[dict[str, Any] | BaseException]:
-            return await asyncio.gather(
-                *(
-                    run_voice_bench(url, qs, None, 0, start_delay_s=d, **client_kwargs)
-                    for _, qs, d in schedule
-                ),
-                return_exceptions=True,
-            )
-
-        clients = in_process()
+        clients = _run_clients(url, schedule, client_kwargs)
     peak: dict[str, Any] = {}
 
     async def sample_peak() -> None:  # the engine's own estimate while all N are connected

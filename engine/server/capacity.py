@@ -171,14 +171,14 @@ class LoopLag:
     def summary_ms(self) -> dict[str, float | None]:
         """P50, P90 and the largest lag over the window, in ms (None: no probe yet)."""
         with self._lock:
-            lags = sorted(lag for _, lag in self._samples)
+            lags = [lag for _, lag in self._samples]
         if not lags:
             return {"p50": None, "p90": None, "max": None}
-
-        def at(q: float) -> float:
-            return round(1000.0 * lags[min(len(lags) - 1, int(math.ceil(q * len(lags))) - 1)], 1)
-
-        return {"p50": at(0.5), "p90": at(0.9), "max": round(1000.0 * lags[-1], 1)}
+        return {
+            "p50": round(1000.0 * _quantile(lags, 0.5), 1),
+            "p90": round(1000.0 * _quantile(lags, 0.9), 1),
+            "max": round(1000.0 * max(lags), 1),
+        }
 
 
 # ---- the estimate ---------------------------------------------------------------------------------------
@@ -229,9 +229,24 @@ class Refusal:
     retry_after_s: int
 
 
-def _p90(values: list[float]) -> float:
+def _quantile(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(math.ceil(0.9 * len(s))) - 1)]
+    return s[min(len(s) - 1, int(math.ceil(q * len(s))) - 1)]
+
+
+def _p90(values: list[float]) -> float:
+    return _quantile(values, 0.9)
+
+
+def _floor(idle: deque[tuple[float, float]]) -> float:
+    """An idle floor: a low percentile of the idle samples (0 without any)."""
+    values = sorted(b for _, b in idle)
+    return values[len(values) // 5] if values else 0.0
+
+
+def _fits(available: float, baseline: float, per: float, otherwise: int) -> int:
+    """Sessions of ``per`` each that fit in ``available`` above ``baseline``."""
+    return max(0, int((available - baseline) / per + 1e-9)) if per > 0 else otherwise
 
 
 class CapacityMonitor:
@@ -301,7 +316,7 @@ class CapacityMonitor:
                 share = max(0.0, busy - base) / n
                 stages = {k: v / n for k, v in rate.items()}
                 self._loaded.append((now, share, stages))
-                self._loop_loaded.append((now, max(0.0, loop - self._loop_baseline()) / n))
+                self._loop_loaded.append((now, max(0.0, loop - _floor(self._loop_idle)) / n))
                 if gpu is not None and self._baseline_gpu is not None:
                     self._gpu_per_session.append((now, max(0.0, gpu[0] - self._baseline_gpu) / n))
             horizon = now - self.config.history_s
@@ -317,12 +332,15 @@ class CapacityMonitor:
         ``capacity.idle_cpu_cores``."""
         if self.config.idle_cpu_cores is not None:
             return self.config.idle_cpu_cores
-        idle = sorted(b for _, b in self._idle)
-        return idle[len(idle) // 5] if idle else 0.0
+        return _floor(self._idle)
 
-    def _loop_baseline(self) -> float:
-        idle = sorted(b for _, b in self._loop_idle)
-        return idle[len(idle) // 5] if idle else 0.0
+    def _per_session(self, prior: float, measured: float | None, samples: int) -> float:
+        """The prior until measured, then the measured cost in proportion to its samples (never below
+        ``floor_fraction`` of the prior)."""
+        if measured is None:
+            return prior
+        w = min(1.0, samples / self.config.min_samples)
+        return max(self.config.floor_fraction * prior, w * measured + (1.0 - w) * prior)
 
     def cpu_view(self) -> ResourceView:
         cfg = self.config
@@ -335,18 +353,15 @@ class CapacityMonitor:
         measured = _p90([s for _, s, _ in loaded]) if loaded else None
         if cfg.session_cpu_cores is not None:
             per = cfg.session_cpu_cores
-        elif measured is None:
-            per = prior
         else:
-            w = min(1.0, len(loaded) / cfg.min_samples)
-            per = max(cfg.floor_fraction * prior, w * measured + (1.0 - w) * prior)
+            per = self._per_session(prior, measured, len(loaded))
         stages: dict[str, float] = dict(self.prior)
         if loaded:
             keys = {k for _, _, st in loaded for k in st}
             stages = {k: sum(st.get(k, 0.0) for _, _, st in loaded) / len(loaded) for k in keys}
         taken = others if cfg.count_other_processes and cfg.cores is None else 0.0
         available = max(0.0, self.cores * cfg.target_utilization - taken)
-        cap = max(0, int((available - baseline) / per + 1e-9)) if per > 0 else self.max_sessions
+        cap = _fits(available, baseline, per, self.max_sessions)
         return ResourceView(
             "cpu",
             "cores",
@@ -383,24 +398,22 @@ class CapacityMonitor:
         cfg = self.config
         with self._lock:
             loaded = [s for _, s in self._loop_loaded]
-            baseline = self._loop_baseline()
+            baseline = _floor(self._loop_idle)
             in_use = self._rate.get("loop", 0.0)
         measured = _p90(loaded) if loaded else None
-        w = min(1.0, len(loaded) / cfg.min_samples)
-        per = (
-            self.prior_loop
-            if measured is None
-            else max(cfg.floor_fraction * self.prior_loop, w * measured + (1.0 - w) * self.prior_loop)
-        )
+        per = self._per_session(self.prior_loop, measured, len(loaded))
         available = cfg.target_utilization  # of one core
-        cap = max(0, int((available - baseline) / per + 1e-9)) if per > 0 else self.max_sessions
+        cap = _fits(available, baseline, per, self.max_sessions)
         return ResourceView(
             "event_loop", "cores", available, 1.0, in_use, baseline, per, measured, len(loaded), cap
         )
 
+    def _views(self) -> list[ResourceView]:
+        return [v for v in (self.cpu_view(), self.gpu_view(), self.loop_view()) if v is not None]
+
     def report(self) -> dict[str, Any]:
         """What ``/api/capacity`` answers."""
-        views = [v for v in (self.cpu_view(), self.gpu_view(), self.loop_view()) if v is not None]
+        views = self._views()
         bound = min(views, key=lambda v: v.capacity)
         capacity, bounding = bound.capacity, bound.name
         if self.max_sessions <= capacity:
@@ -424,8 +437,8 @@ class CapacityMonitor:
             return None
         if open_sessions < self.config.min_sessions:
             return None
-        for view in (self.cpu_view(), self.gpu_view(), self.loop_view()):
-            if view is not None and open_sessions + 1 > view.capacity:
+        for view in self._views():
+            if open_sessions + 1 > view.capacity:
                 return Refusal(
                     view.name,
                     f"no room for another session: {view.name} is full ({open_sessions} session(s) open; "

@@ -52,10 +52,8 @@ class Utterance:
     turn_end_t: float = 0.0  # when it was made (clock time)
     pause_t: float = 0.0  # the latest pause: when it was heard, when its speculative decode was done
     transcribed_t: float = 0.0
-    contended: tuple[bool, bool] = (
-        False,
-        False,
-    )  # at that pause: a partial decode, the LLM warming, in flight
+    partial_in_flight: bool = False  # at that pause: a partial decode of this utterance was running
+    llm_warming: bool = False  # at that pause: the LLM was evaluating a partial transcript's words
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -77,8 +75,7 @@ class Listener:
         self.parts = parts
         self.conversation = conversation
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
-        self._warming = False  # the LLM is evaluating a partial transcript's words
-        self._warm_task: asyncio.Task[None] | None = None
+        self._warm_task: asyncio.Task[None] | None = None  # the LLM evaluating a partial transcript's words
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
@@ -121,8 +118,9 @@ class Listener:
                             self._barge_in(owner)
                     elif isinstance(r, VADSpeechPaused) and utt is not None:
                         utt.paused = True
+                        warming = self._warming()
                         self._stop_warming()  # the pause's decode and judgement need the cores now
-                        owner.spawn(self._speculate(utt, vad, r.t), "speculate")
+                        owner.spawn(self._speculate(utt, vad, r.t, warming), "speculate")
                     elif isinstance(r, VADSpeechResumed) and utt is not None:
                         utt.resume()
                         if utt.early is not None:
@@ -136,6 +134,9 @@ class Listener:
                         utt = None
         finally:
             await owner.cancel_all()
+
+    def _warming(self) -> bool:
+        return self._warm_task is not None and not self._warm_task.done()
 
     def _stop_warming(self) -> None:
         if self._warm_task is not None and not self._warm_task.done():
@@ -153,8 +154,8 @@ class Listener:
             if tr.text and tr.text != last:
                 last = tr.text
                 p.bus.publish(PartialTranscript(t=p.clock.now(), text=tr.text, stable_text=tr.stable_text))
-                warm_idle = self._warm_task is None or self._warm_task.done()
-                if warm_idle and not self.conversation.speaking() and not utt.paused and not utt.ended:
+                busy = self._warming() or self.conversation.speaking()
+                if not busy and not utt.paused and not utt.ended:
                     self._warm_task = owner.spawn(self._warm_turn(tr.text), "warm")
 
     def _turn_end_detector(self) -> TurnEndDetector:
@@ -164,20 +165,21 @@ class Listener:
     async def _warm_turn(self, words: str) -> None:
         """The LLM evaluates the host's words so far while she talks (an optimization: failures only log)."""
         turn = UserTurn(t=self.parts.clock.now(), text=words, source="voice", speaker="host", turn_id=0)
-        self._warming = True
         try:
             await self._turn_end_detector().warm(turn)
         except Exception as e:
             log.debug("warming the turn's words failed: %r", e)
-        finally:
-            self._warming = False
 
-    async def _speculate(self, utt: Utterance, vad: VoiceActivity, silence_start: float) -> None:
-        """A pause: decode what was said so far, judge whether it is finished, and maybe start replying."""
+    async def _speculate(
+        self, utt: Utterance, vad: VoiceActivity, silence_start: float, warming: bool
+    ) -> None:
+        """A pause: decode what was said so far, judge whether it is finished, and maybe start replying
+        (``warming``: the LLM was evaluating a partial transcript when the pause came)."""
         p = self.parts
-        paused_t, contended = p.clock.now(), (utt.stream.busy, self._warming)
+        paused_t, partial = p.clock.now(), utt.stream.busy
         await utt.stream.speculate()
-        utt.pause_t, utt.transcribed_t, utt.contended = paused_t, p.clock.now(), contended
+        utt.pause_t, utt.transcribed_t = paused_t, p.clock.now()
+        utt.partial_in_flight, utt.llm_warming = partial, warming
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
         if settled is None or not settled.text or not utt.paused or utt.ended:
@@ -231,8 +233,8 @@ class Listener:
                 "paused_after_speech_end_ms": after(utt.pause_t),
                 "transcribed_after_speech_end_ms": after(utt.transcribed_t),
                 "decided_after_speech_end_ms": after(utt.turn_end_t),
-                "partial_in_flight": utt.contended[0],
-                "llm_warming": utt.contended[1],
+                "partial_in_flight": utt.partial_in_flight,
+                "llm_warming": utt.llm_warming,
             }
         p.bus.publish(turn.user)
         p.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.id))
