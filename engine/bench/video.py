@@ -58,7 +58,7 @@ class MouthProbe:
         dark = float((np.median(shut_l[diff]) + np.median(wide_l[diff])) / 2)
         return cls((int(x0), int(y0), int(x1 - x0), int(y1 - y0)), dark)
 
-    def openness(self, luma: np.ndarray) -> float:
+    def openness(self, luma: np.ndarray | _LumaPlane) -> float:
         x, y, w, h = self.box
         roi = luma[y : y + h, x : x + w]
         return float((roi < self.dark_luma).mean())
@@ -87,10 +87,31 @@ async def record_video(track: MediaStreamTrack, clock: Clock, out: ReceivedVideo
         if out.probe is None or out.size != size:
             out.size = size
             out.probe = await asyncio.to_thread(MouthProbe.for_size, frame.width, frame.height, character)
-        luma = frame.to_ndarray(format="gray")
         out.arrivals.append(now)
         out.pts.append(frame.pts / 90000.0 if frame.pts is not None else now)
-        out.mouth.append(out.probe.openness(luma))
+        out.mouth.append(out.probe.openness(_luma_plane(frame)))
+
+
+class _LumaPlane:
+    """A decoded yuv420p frame's luma read from its Y plane where the probe looks, instead of converting
+    the whole frame to gray (~3 ms a 720p frame less on the client's loop, which also answers the
+    engine's ICE consent checks): video range (16-235) mapped to full range, as the conversion does."""
+
+    def __init__(self, frame: VideoFrame) -> None:
+        plane = frame.planes[0]
+        self._rows = np.frombuffer(memoryview(plane), np.uint8).reshape(plane.height, plane.line_size)[
+            :, : plane.width
+        ]
+
+    def __getitem__(self, box: tuple[slice, slice]) -> np.ndarray:
+        y = self._rows[box].astype(np.float32)
+        return np.clip((y - 16.0) * (255.0 / 219.0), 0.0, 255.0)
+
+
+def _luma_plane(frame: VideoFrame) -> np.ndarray | _LumaPlane:
+    if frame.format.name == "yuv420p":
+        return _LumaPlane(frame)
+    return frame.to_ndarray(format="gray")
 
 
 def frame_rate(arrivals: list[float], skip_s: float = 2.0) -> dict[str, Any]:

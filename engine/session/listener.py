@@ -176,10 +176,10 @@ class Listener:
         """A pause: decode what was said so far, judge whether it is finished, and maybe start replying
         (``warming``: the LLM was evaluating a partial transcript when the pause came)."""
         p = self.parts
-        paused_t, partial = p.clock.now(), utt.stream.busy
+        utt.pause_t, utt.transcribed_t, utt.turn_end = p.clock.now(), 0.0, None
+        utt.partial_in_flight, utt.llm_warming = utt.stream.busy, warming
         await utt.stream.speculate()
-        utt.pause_t, utt.transcribed_t = paused_t, p.clock.now()
-        utt.partial_in_flight, utt.llm_warming = partial, warming
+        utt.transcribed_t = p.clock.now()
         settled = utt.stream.settled()
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
         if settled is None or not settled.text or not utt.paused or utt.ended:
@@ -224,15 +224,16 @@ class Listener:
         )
         timings = turn.timings
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
-        if utt.turn_end is not None:
+        if utt.pause_t:  # the last pause's timeline, also when its judgement came too late to count
 
-            def after(t: float) -> float:
-                return round((t - speech_end) * 1000, 1)
+            def after(t: float) -> float | None:
+                return round((t - speech_end) * 1000, 1) if t else None
 
-            timings.turn_end = utt.turn_end.to_dict() | {
+            decided = utt.turn_end.to_dict() if utt.turn_end is not None else {"finished": None}
+            timings.turn_end = decided | {
                 "paused_after_speech_end_ms": after(utt.pause_t),
                 "transcribed_after_speech_end_ms": after(utt.transcribed_t),
-                "decided_after_speech_end_ms": after(utt.turn_end_t),
+                "decided_after_speech_end_ms": after(utt.turn_end_t) if utt.turn_end is not None else None,
                 "partial_in_flight": utt.partial_in_flight,
                 "llm_warming": utt.llm_warming,
             }

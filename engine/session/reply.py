@@ -78,8 +78,10 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
     """Generate, synthesize and queue the reply to ``turn``, filling ``result`` as it goes (so a
     cancelled reply still says what it had written and queued)."""
     clock = ctx.clock
+    prompt_t = clock.now()
     with stage("prompt"):
         messages = await ctx.prompt.build_prompt(turn)
+    prompt_ms = (clock.now() - prompt_t) * 1000  # the persona's recall and the prompt's assembly
     chunks: asyncio.Queue[ReplyChunk | None] = asyncio.Queue(maxsize=8)
 
     async def write() -> None:
@@ -122,7 +124,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
                     await emit(c.text, tuple(c.expressions), tuple(c.gestures))
             for c in chunker.flush():
                 await emit(c.text, tuple(c.expressions), tuple(c.gestures))
-            timings.llm = _llm_stats(stream)
+            timings.llm = _llm_stats(stream, prompt_ms)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -165,14 +167,16 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
         tg.create_task(speak(), name=f"reply{turn.turn_id}:tts")
 
 
-def _llm_stats(stream: object) -> dict[str, float] | None:
-    """What the in-process model did for this reply (prompt tokens reused / prefilled, decode speed), from
-    the reply's own stream (an OpenAI-compatible server's has none)."""
+def _llm_stats(stream: object, prompt_ms: float) -> dict[str, float] | None:
+    """What the in-process model did for this reply (the prompt's build time, tokens reused / prefilled,
+    time to the first piece, decode speed), from the reply's own stream (an OpenAI-compatible server's has
+    none)."""
     call = getattr(stream, "stats", None)
     if call is None or not getattr(call, "generated_tokens", 0):
         return None
     decode_s = call.elapsed_s - (call.ttft_s or 0.0)
     return {
+        "prompt_ms": round(prompt_ms, 1),
         "prompt_tokens": call.prompt_tokens,
         "reused_tokens": call.reused_tokens,
         "prefilled_tokens": call.prefilled_tokens,

@@ -99,7 +99,8 @@ class TurnMetrics:
             " (early reply)" if timings.early_reply else "",
             " ".join(f"{k}={v:.0f}ms" for k, v in timings.relative_ms().items()),
             (
-                f" | llm prefilled {llm['prefilled_tokens']:.0f}/{llm['prompt_tokens']:.0f} tokens, "
+                f" | prompt {llm['prompt_ms']:.0f}ms, llm prefilled {llm['prefilled_tokens']:.0f}/"
+                f"{llm['prompt_tokens']:.0f} tokens, first piece {llm['ttft_ms']:.0f}ms, "
                 f"{llm['tokens_per_s']:.1f} tok/s"
                 if llm
                 else ""

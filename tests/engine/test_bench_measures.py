@@ -42,3 +42,21 @@ async def test_interrupts_map_to_our_clock_only_on_one_host() -> None:
         assert conn.interrupt_after(5.6) is None
     finally:
         await conn.pc.close()
+
+
+def test_the_mouth_reads_the_same_from_the_luma_plane_as_from_a_gray_conversion() -> None:
+    import av
+    import numpy as np
+
+    from engine.bench.video import MouthProbe, _luma_plane
+
+    probe = MouthProbe.for_size(640, 360)
+    x, y, w, h = probe.box
+    rgb = np.full((360, 640, 3), 200, np.uint8)
+    rgb[y : y + h // 2, x : x + w] = 20  # half the box dark: a mouth half open
+    rgb[y + h // 2 : y + h, x : x + w // 3] = int(probe.dark_luma) + 3  # just above the threshold
+    frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+    assert frame.format.name == "yuv420p"  # what a VP8 decoder hands over
+    from_plane = probe.openness(_luma_plane(frame))
+    assert from_plane == pytest.approx(probe.openness(frame.to_ndarray(format="gray")), abs=0.01)
+    assert 0.4 < from_plane < 0.6
