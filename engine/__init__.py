@@ -1,7 +1,17 @@
 """idolcast engine: a real-time AI virtual idol, from the host's voice to her animated reply."""
 
-from engine.native import quiet_thread_pools
+import os
+from collections.abc import MutableMapping
 
 __version__ = "0.1.0"
+
+# Idle OpenMP workers sleep instead of spinning (engine/native.py says why); what the environment sets is kept.
+QUIET_THREAD_POOLS = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+
+
+def quiet_thread_pools(environ: MutableMapping[str, str] = os.environ) -> None:
+    for name, value in QUIET_THREAD_POOLS.items():
+        environ.setdefault(name, value)
+
 
 quiet_thread_pools()  # before any native library starts its threads: every entry point imports engine first

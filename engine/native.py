@@ -1,7 +1,7 @@
 """The native inference libraries: how their thread pools wait, and the order they are imported in.
 
-**Waiting threads sleep.** llama.cpp, CTranslate2 (the ASR) and torch each bring their own OpenMP
-runtime (three copies of libgomp in one process), and by default an OpenMP worker spins for a while
+**Waiting threads sleep** (``engine.quiet_thread_pools``, run when the package is imported).
+llama.cpp, CTranslate2 (the ASR) and torch each bring their own OpenMP runtime (three copies of libgomp in one process), and by default an OpenMP worker spins for a while
 after every parallel region, waiting for the next. On two cores the LLM's prefill workers spun while
 the ASR decoded and Piper synthesized, and the decode ran at 19-26 tokens/s in the engine against
 ~40 alone (docs/PERFORMANCE.md, "spinning thread pools"). So ``OMP_WAIT_POLICY=PASSIVE`` (and
@@ -17,20 +17,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-from collections.abc import MutableMapping
 
 log = logging.getLogger(__name__)
 
 NATIVE_MODULES = ("onnxruntime", "torch", "ctranslate2", "piper", "av", "usearch.index")
-QUIET_THREAD_POOLS = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
-
-
-def quiet_thread_pools(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Idle OpenMP workers sleep instead of spinning (the module's docstring says why); what the
-    environment already sets is kept."""
-    for name, value in QUIET_THREAD_POOLS.items():
-        environ.setdefault(name, value)
 
 
 def preload_native_modules() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.native import quiet_thread_pools
+from engine import quiet_thread_pools
 
 
 def _omp_settings(**env: str) -> str:
