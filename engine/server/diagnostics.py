@@ -75,16 +75,17 @@ def profile_thread(thread_id: int, seconds: float = PROFILE_S, hz: float = PROFI
                 f = f.f_back
         time.sleep(period)
     busy = samples - idle
+
+    def share(n: int) -> str:
+        return f"{100.0 * n / max(1, samples):6.1f}"
+
     lines = [
         f"=== idolcast loop profile: {samples} samples over {seconds:.0f} s, busy in {busy} "
         f"({100.0 * busy / max(1, samples):.0f} %) ==="
     ]
-    lines.append("--- running (self), % of samples")
-    lines += [f"{100.0 * n / max(1, samples):6.1f}  {where}" for where, n in own.most_common(PROFILE_TOP)]
-    lines.append("--- on the stack (inclusive), % of samples")
-    lines += [
-        f"{100.0 * n / max(1, samples):6.1f}  {where}" for where, n in inclusive.most_common(PROFILE_TOP)
-    ]
+    for title, counts in (("running (self)", own), ("on the stack (inclusive)", inclusive)):
+        lines.append(f"--- {title}, % of samples")
+        lines += [f"{share(n)}  {where}" for where, n in counts.most_common(PROFILE_TOP)]
     lines.append("=== end of profile ===")
     return "\n".join(lines)
 

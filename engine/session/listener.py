@@ -176,7 +176,7 @@ class Listener:
         """A pause: decode what was said so far, judge whether it is finished, and maybe start replying
         (``warming``: the LLM was evaluating a partial transcript when the pause came)."""
         p = self.parts
-        utt.pause_t, utt.transcribed_t, utt.turn_end = p.clock.now(), 0.0, None
+        utt.pause_t, utt.transcribed_t, utt.turn_end, utt.turn_end_t = p.clock.now(), 0.0, None, 0.0
         utt.partial_in_flight, utt.llm_warming = utt.stream.busy, warming
         await utt.stream.speculate()
         utt.transcribed_t = p.clock.now()
@@ -233,7 +233,7 @@ class Listener:
             timings.turn_end = decided | {
                 "paused_after_speech_end_ms": after(utt.pause_t),
                 "transcribed_after_speech_end_ms": after(utt.transcribed_t),
-                "decided_after_speech_end_ms": after(utt.turn_end_t) if utt.turn_end is not None else None,
+                "decided_after_speech_end_ms": after(utt.turn_end_t),
                 "partial_in_flight": utt.partial_in_flight,
                 "llm_warming": utt.llm_warming,
             }
