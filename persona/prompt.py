@@ -2,11 +2,14 @@
 
 Prompt layout (KV-cache friendly: the LLM can keep everything up to the last message):
 
-1. system: the card's persona prefix (identical every turn) + at most ``max_summaries``
-   episodic summaries (these change only at consolidation);
-2. the rolling history of heard exchanges (append-only between consolidations);
-3. the current turn, last: a short block of retrieved memory notes, then the speaker's
-   message (chat wrapped as inert ``<chat user=…>`` data).
+1. system: the card's persona prefix, identical every turn;
+2. the rolling history of heard exchanges: appended to after each turn; consolidation drops its
+   oldest half (they become an episodic summary, stored in the bank) and nothing else changes, so
+   a runtime that moves cached tokens (llama.cpp) keeps the rest of the history evaluated;
+3. the current turn, last: the newest summary ("Earlier in this stream: …") on the first turn after a
+   consolidation (it then stays with that exchange in the history, until that exchange is itself
+   consolidated; summaries in the system message would change the prompt's start), a short block of
+   retrieved memory notes, then the speaker's message (chat wrapped as inert ``<chat user=…>`` data).
 
 Everything stays within ``token_budget`` by construction: fixed shares for the notes, the
 summaries and the current turn, the rest for history (newest first). Retrieval runs in a
@@ -17,6 +20,7 @@ background task and never touches the hot path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import time
@@ -50,7 +54,7 @@ class ProviderSettings:
         0.35  # weaker matches are noise: the prompt stays the same (and its KV cache valid)
     )
     memory_share: float = 0.12  # of the budget, for retrieved notes
-    summary_share: float = 0.10  # for episodic summaries in the system message
+    summary_share: float = 0.10  # for the episodic summaries a turn carries after a consolidation
     turn_share: float = 0.20  # for the current message (longer chat is cut)
     consolidate_at: float = 0.8  # of the history share: then the oldest half becomes a summary
     max_summaries: int = 3
@@ -120,6 +124,7 @@ class PersonaPromptProvider:
         self._guard = ConsistencyGuard(card)
         self.history: deque[Exchange] = deque(maxlen=s.max_history)
         self.summaries: deque[str] = deque(maxlen=s.max_summaries)
+        self._earlier = ""  # the summaries the next recorded turn carries (empty: none since it was told)
         budget = s.token_budget
         self._memory_budget = int(budget * s.memory_share)
         self._summary_budget = int(budget * s.summary_share)
@@ -182,11 +187,11 @@ class PersonaPromptProvider:
         )
         return truncate_to_tokens(notes, self._memory_budget, self.count)
 
-    def _system(self) -> str:
+    def _earlier_text(self) -> str:
         if not self.summaries:
-            return self.prefix
-        text = "Earlier in this stream: " + " ".join(self.summaries)
-        return self.prefix + "\n\n" + truncate_to_tokens(text, self._summary_budget, self.count)
+            return ""
+        text = "(Earlier in this stream: " + " ".join(self.summaries) + ")"
+        return truncate_to_tokens(text, self._summary_budget, self.count)
 
     async def build_prompt(self, turn: UserTurn) -> list[ChatMessage]:
         self._guard.reset()
@@ -210,7 +215,7 @@ class PersonaPromptProvider:
         self.stats["last_retrieval_ms"] = (time.perf_counter() - t0) * 1e3
         self.last_memories = found
         notes = self._notes(found, who)
-        last = f"{notes}\n\n{current}" if notes else current
+        last = "\n\n".join(part for part in (self._earlier, notes, current) if part)
         return [*self._prefix(self.count(last)), {"role": "user", "content": last}]
 
     def next_prefix(self) -> list[ChatMessage]:
@@ -219,7 +224,7 @@ class PersonaPromptProvider:
 
     def _prefix(self, last_tokens: int) -> list[ChatMessage]:
         """The system message and as much history (newest first) as fits beside a last message this long."""
-        system = self._system()
+        system = self.prefix
         used = self.count(system) + last_tokens + 2 * MESSAGE_OVERHEAD
         room = self.settings.token_budget - used
         pairs: list[ChatMessage] = []
@@ -242,16 +247,22 @@ class PersonaPromptProvider:
         speaker = self._speaker(turn)
         reply = " ".join(played_reply.split())
         if reply:
-            user = self._format_turn(turn)
+            earlier, self._earlier = self._earlier, ""
+            user = "\n\n".join(part for part in (earlier, self._format_turn(turn)) if part)
             tokens = self.count(user) + self.count(reply)
-            self.history.append(Exchange(speaker, user, reply, normalize_text(turn.text), now, tokens))
-        if (
-            sum(e.tokens + 2 * MESSAGE_OVERHEAD for e in self.history)
-            > self._history_budget * self.settings.consolidate_at
-        ):
+            self.history.append(
+                Exchange(speaker, user, reply, normalize_text(turn.text), now, tokens, earlier)
+            )
+        # (a summary an exchange carries is the summaries' share of the budget, not the history's)
+        held = sum(
+            e.tokens + 2 * MESSAGE_OVERHEAD - (self.count(e.earlier) if e.earlier else 0)
+            for e in self.history
+        )
+        if held > self._history_budget * self.settings.consolidate_at:
             old = [self.history.popleft() for _ in range(max(1, len(self.history) // 2))]
             summary = self.summarizer.summarize(old)
             self.summaries.append(summary)
+            self._earlier = self._earlier_text()  # the next turn tells it (the history's start is gone)
             self._enqueue("episode", (old, summary))
         self._enqueue("turn", (turn, reply, speaker, now))
 
@@ -325,14 +336,22 @@ class PersonaPromptProvider:
             await self.flush()
         report = await asyncio.to_thread(self.bank.forget_viewer, username)
         user = str(report["username"])
-        self.history = deque(
-            (e for e in self.history if e.speaker != user and user not in e.raw.lower()),
-            maxlen=self.settings.max_history,
-        )
         self.summaries = deque(
             (s for s in self.summaries if user not in s.lower()), maxlen=self.settings.max_summaries
         )
+        kept = (e for e in self.history if e.speaker != user and user not in e.raw.lower())
+        self.history = deque(
+            (self._without_earlier(e) if user in e.earlier.lower() else e for e in kept),
+            maxlen=self.settings.max_history,
+        )
+        if user in self._earlier.lower():
+            self._earlier = self._earlier_text()
         return report
+
+    def _without_earlier(self, e: Exchange) -> Exchange:
+        """The exchange without the summary its turn carried (a forgotten viewer is in it)."""
+        user = e.user.removeprefix(e.earlier).removeprefix("\n\n")
+        return dataclasses.replace(e, user=user, earlier="", tokens=self.count(user) + self.count(e.reply))
 
     async def close(self) -> None:
         """Finish queued write-back (up to ``close_timeout_s``), cancel the worker, save the

@@ -38,6 +38,7 @@ class Exchange:
     raw: str  # the speaker's plain text (for summaries)
     t: float
     tokens: int
+    earlier: str = ""  # the summary of older exchanges this turn's prompt carried first (part of ``user``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,36 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
+@dataclass(frozen=True, slots=True)
+class Shift:
+    """A run of cached positions ``src .. src + length - 1`` that the new prompt holds at ``dst .. dst +
+    length - 1`` (``dst < src``: what stood before it in the cache is gone from the prompt)."""
+
+    src: int
+    dst: int
+    length: int
+
+
+def shifted_runs(cached: list[int], wanted: list[int], start: int, min_run: int) -> list[Shift]:
+    """After their common prefix (``start`` tokens), the runs of ``cached`` that ``wanted`` holds again,
+    earlier: the history dropped from its front (trimmed, or consolidated into a summary), the exchanges
+    after it kept. Greedy, left to right: at each place in ``wanted`` the cache is searched forward for
+    a run of at least ``min_run`` equal tokens; tokens new to ``wanted`` end the search (what follows
+    them is prefilled). Only deletions are found, so every run moves towards the front."""
+    runs: list[Shift] = []
+    c = p = start
+    while c < len(cached) and p < len(wanted):
+        n = 0
+        while c + n < len(cached) and p + n < len(wanted) and cached[c + n] == wanted[p + n]:
+            n += 1
+        if n >= min_run:
+            runs.append(Shift(c, p, n))
+            c, p = c + n, p + n
+        else:
+            c += 1
+    return runs
+
+
 def crop_cache(cache: Any, cached: int, keep: int) -> None:
     """Drop the last ``cached - keep`` positions (negative ``crop`` means 'remove this many')."""
     if cached > keep:

@@ -37,7 +37,7 @@ import numpy as np
 from engine.llm.base import ChatMessage, LLMError
 from engine.llm.config import LLMConfig
 from engine.llm.hf_models import ModelSource, resolve_source
-from engine.llm.kv_cache import common_prefix_len
+from engine.llm.kv_cache import Shift, common_prefix_len, shifted_runs
 from engine.llm.sampling import Sampler
 from engine.llm.streaming import (
     END_OF_TURN_TOKENS,
@@ -60,6 +60,9 @@ PREFILL_CHUNK = 64  # tokens per prefill forward: the stop flag is checked betwe
 # video frames are due now (on two cores they all want the same CPU).
 URGENT_TOKENS = 10
 BACKGROUND_NICE = 10
+# A run of cached tokens this long that the new prompt holds again, earlier (the history dropped from its
+# front), is moved into place instead of prefilled again (shorter runs cost less to prefill than to find).
+SHIFT_MIN_RUN = 16
 TAKE_WAIT_S = 10.0  # a call waits this long for a context when every one is busy
 SAMPLING_OPTIONS = frozenset(
     {"max_new_tokens", "temperature", "top_p", "repetition_penalty", "no_repeat_ngram_size"}
@@ -127,6 +130,18 @@ class _Context:
             self.ctx.kv_cache_seq_rm(-1, keep, -1)
             del self.ids[keep:]
 
+    def shift(self, runs: list[Shift], end: int) -> None:
+        """Move each run to its new positions (llama.cpp re-rotates the moved keys at the next decode), drop
+        what lay between and after them: the cache then holds the new prompt's first ``end`` tokens, the
+        last run ending there. (A moved run's keys and values were computed after what was dropped: close to,
+        not exactly, a fresh prefill's; llama.cpp's server reuses its cache the same way.)"""
+        for run in runs:
+            self.ctx.kv_cache_seq_rm(-1, run.dst, run.src)
+            self.ctx.kv_cache_seq_shift(0, run.src, run.src + run.length, run.dst - run.src)
+            self.ids[run.dst : run.dst + run.length] = self.ids[run.src : run.src + run.length]
+        self.ctx.kv_cache_seq_rm(-1, end, -1)
+        del self.ids[end:]
+
     def feed(self, tokens: list[int]) -> np.ndarray:
         """Evaluate ``tokens`` after what is cached; the last position's logits (float32 [V], a copy)."""
         for i in range(0, len(tokens), self.n_batch):
@@ -180,6 +195,8 @@ class LlamaCppLLM:
             raise LLMError(f"llm.model: llama.cpp could not load {self.path}: {e}") from e
         self.load_s = time.perf_counter() - start
         self._internals = _internals
+        memory = self.llama._ctx.memory  # None for a model without a KV cache
+        self.can_shift = memory is not None and bool(llama_cpp.llama_memory_can_shift(memory))
         self.n_ctx = self.llama.n_ctx()
         self.n_vocab = self.llama.n_vocab()
         meta = self.llama.metadata
@@ -344,7 +361,14 @@ class LlamaCppLLM:
         """Crop ``c`` to its longest common prefix with ``ids`` (at most ``limit``), feed the rest in
         chunks; the last logits, or None once stopped (what was fed stays cached)."""
         keep = min(common_prefix_len(c.ids, ids), limit)
-        c.crop(keep)
+        runs = shifted_runs(c.ids, ids[:limit], keep, SHIFT_MIN_RUN) if self.can_shift else []
+        if runs:
+            last = runs[-1]
+            c.shift(runs, last.dst + last.length)
+            stats.shifted_tokens = sum(r.length for r in runs)
+            keep = len(c.ids)
+        else:
+            c.crop(keep)
         return prefill_in_chunks(
             ids, keep, lambda piece, _start: c.feed(piece), PREFILL_CHUNK, stop, stats, self
         )

@@ -34,6 +34,7 @@ class CallStats:
 
     prompt_tokens: int = 0
     reused_tokens: int = 0
+    shifted_tokens: int = 0  # of the reused: moved in the cache to where the new prompt has them
     prefilled_tokens: int = 0
     generated_tokens: int = 0
     ttft_s: float | None = None  # worker start to the first text piece handed over

@@ -179,6 +179,7 @@ def _llm_stats(stream: object, prompt_ms: float) -> dict[str, float] | None:
         "prompt_ms": round(prompt_ms, 1),
         "prompt_tokens": call.prompt_tokens,
         "reused_tokens": call.reused_tokens,
+        "shifted_tokens": getattr(call, "shifted_tokens", 0),
         "prefilled_tokens": call.prefilled_tokens,
         "generated_tokens": call.generated_tokens,
         "ttft_ms": round((call.ttft_s or 0.0) * 1000, 1),

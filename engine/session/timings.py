@@ -100,7 +100,7 @@ class TurnMetrics:
             " ".join(f"{k}={v:.0f}ms" for k, v in timings.relative_ms().items()),
             (
                 f" | prompt {llm['prompt_ms']:.0f}ms, llm prefilled {llm['prefilled_tokens']:.0f}/"
-                f"{llm['prompt_tokens']:.0f} tokens, first piece {llm['ttft_ms']:.0f}ms, "
+                f"{llm['prompt_tokens']:.0f} tokens ({llm.get('shifted_tokens', 0):.0f} moved), first piece {llm['ttft_ms']:.0f}ms, "
                 f"{llm['tokens_per_s']:.1f} tok/s"
                 if llm
                 else ""

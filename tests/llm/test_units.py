@@ -12,9 +12,26 @@ from engine.llm.base import LLMError
 from engine.llm.config import LLMConfig
 from engine.llm.factory import load_llm
 from engine.llm.hf_models import gguf_cache_dir, resolve_source
-from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, common_prefix_len
+from engine.llm.kv_cache import CacheEntry, PrefixCacheStore, Shift, common_prefix_len, shifted_runs
 
 pytestmark = pytest.mark.unit
+
+
+def test_shifted_runs_find_what_is_left_after_the_front_of_the_history_is_dropped() -> None:
+    system, old, kept, tail = [1, 2, 3], [10, 11, 12, 13], [20, 21, 22, 23, 24, 25], [30, 31]
+    cached = system + old + kept + tail
+    # the oldest exchange dropped, the kept ones moved forward, a new message after them
+    assert shifted_runs(cached, system + kept + [40, 41], 3, 4) == [Shift(src=7, dst=3, length=6)]
+    # two dropped stretches: each kept run moves by what was dropped before it
+    assert shifted_runs(cached, system + kept[:3] + tail + [40], 3, 2) == [
+        Shift(src=7, dst=3, length=3),
+        Shift(src=13, dst=6, length=2),
+    ]
+    # a run shorter than the minimum is prefilled instead; new tokens end the search (only deletions move)
+    assert shifted_runs(cached, system + kept[:3], 3, 4) == []
+    assert shifted_runs(cached, system + [99] + kept, 3, 4) == []
+    # nothing dropped: the common prefix covers it, nothing to move
+    assert shifted_runs(cached, cached + [40], len(cached), 4) == []
 
 
 def test_common_prefix_len() -> None:

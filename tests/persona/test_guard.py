@@ -174,8 +174,10 @@ async def test_chat_injection_is_wrapped_and_changes_nothing(
         await p.record_turn(turn, "Hehe, nice try! I'm Aiko.", interrupted=False)
     await p.flush()
     msgs = await p.build_prompt(UserTurn(t=99, text="hi again", source="chat", speaker="kenji"))
+    assert msgs[0]["content"] == first[0]["content"]
+    assert p.summaries  # the attacks were consolidated
     for word in ("ignore", "system", "dan", "bob", "pirate"):  # summaries of chat hold none of it
-        assert word not in msgs[0]["content"][len(first[0]["content"]) :].lower()
+        assert all(word not in summary.lower() for summary in p.summaries)
     # an attack is never mined for facts
     assert hash_bank.store.list_memories("aiko", subject="mallory") == []
     await p.close()

@@ -88,3 +88,40 @@ async def test_switch_persona_live(card: PersonaCard, hash_bank: MemoryBank, tmp
     assert said is None or "aiko" not in said.lower()
     assert p.guard("My name is Mia!") == "My name is Mia!"
     await p.close()
+
+
+async def test_consolidation_only_drops_the_oldest_exchanges(
+    card: PersonaCard, hash_bank: MemoryBank
+) -> None:
+    """The prompt's start never moves: the system message stays the card's, consolidation removes the oldest
+    exchanges and nothing else (the rest stays where a KV-moving runtime finds it), and its summary is told
+    once, in the next turn's message, then kept with that exchange."""
+    p = PersonaPromptProvider(card, hash_bank)
+    before: list[dict[str, str]] = []
+    for i in range(40):
+        turn = chat(f"tell me about the planet number {i} and its moons", t=float(i))
+        msgs = await p.build_prompt(turn)
+        assert msgs[0]["content"] == p.prefix
+        if p._earlier:  # consolidated after the last turn: the history is what it was, less its front
+            history = msgs[1:-1]
+            assert history == before[len(before) - len(history) :]
+            assert msgs[-1]["content"].startswith("(Earlier in this stream: Earlier (")
+            maria = chat(f"tell me about the planet number {i} and its moons", who="maria", t=float(i))
+            await p.record_turn(maria, f"Planet {i} has {i} moons!", False)
+            assert not p._earlier
+            told = (await p.build_prompt(chat("and then?", t=i + 0.5)))[-3]
+            assert told["role"] == "user" and told["content"].startswith("(Earlier in this stream: ")
+            assert f"planet number {i} " in told["content"]
+            await p.forget_viewer("Kenji_77")  # his name leaves the summary maria's turn carried
+            assert [e.speaker for e in p.history] == ["maria"] and not p.summaries
+            assert (
+                p.history[0].user
+                == '<chat user="maria">' + f"tell me about the planet number {i} and its moons</chat>"
+            )
+            break
+        await p.record_turn(turn, f"Planet {i} has {i} moons!", False)
+        said = {"role": "user", "content": msgs[-1]["content"].split("\n\n")[-1]}  # without the notes
+        before = [*msgs[1:-1], said, {"role": "assistant", "content": f"Planet {i} has {i} moons!"}]
+    else:
+        raise AssertionError("40 turns and the history never consolidated")
+    await p.close()
