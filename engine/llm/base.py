@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Literal, Protocol, TypedDict, runtime_checkable
 
 
@@ -42,4 +42,17 @@ class TurnEndScorer(Protocol):
         """The probability the model gives its end-of-turn marker right after the last message's text
         (LiveKit's turn detector reads a small LM this way). The conversation's context keeps what was
         evaluated, so the reply that follows prefills only the marker and its own opening."""
+        ...
+
+
+@runtime_checkable
+class ScoredStreamer(Protocol):
+    """An LLM that judges the host's words in the reply's own prefill (llama.cpp)."""
+
+    def stream_scored(
+        self, messages: list[ChatMessage], cache_key: str | None, scored: Callable[[float], None]
+    ) -> AsyncIterator[str]:
+        """``stream``, and on the way ``scored(p)``, called on the event loop as soon as the prefill holds
+        the last message's text, with the probability ``end_of_turn_probability`` would give: the reply
+        and the judgement of whether the host is done come out of one prefill, with no second call."""
         ...

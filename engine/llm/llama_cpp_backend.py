@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,11 @@ class LlamaCppLLM:
     def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> WorkerStream:
         return WorkerStream(functools.partial(self._worker, list(messages), cache_key))
 
+    def stream_scored(
+        self, messages: list[ChatMessage], cache_key: str | None, scored: Callable[[float], None]
+    ) -> WorkerStream:
+        return WorkerStream(functools.partial(self._worker, list(messages), cache_key, scored=scored))
+
     async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
         return int(await run_stoppable(None, functools.partial(self._prewarm, list(messages), cache_key)))
 
@@ -382,7 +388,13 @@ class LlamaCppLLM:
 
     # ---- the worker threads ---------------------------------------------------------------
 
-    def _worker(self, messages: list[ChatMessage], key: str | None, chan: PieceChannel) -> None:
+    def _worker(
+        self,
+        messages: list[ChatMessage],
+        key: str | None,
+        chan: PieceChannel,
+        scored: Callable[[float], None] | None = None,
+    ) -> None:
         stats = chan.stats
         self.last_call = stats
         error: BaseException | None = None
@@ -391,12 +403,17 @@ class LlamaCppLLM:
             stats.encoded_s = time.perf_counter() - stats.started
             stats.prompt_tokens = len(ids)
             self._check_length(len(ids))
+            head = self._scored_head(messages) if scored is not None else None
             with self._context_for(key, chan.stop) as c:
                 if c is None:
                     stats.stop_reason = "cancelled"
-                else:
+                elif head is None or self._score_head(c, head, chan, stats, scored):
+                    head_reused = stats.reused_tokens
                     # Reuse the longest common prefix; at least one token must be fed to get logits.
                     logits = self._prefill(c, ids, len(ids) - 1, chan.stop, stats)
+                    if head is not None:  # the call's reuse is what the head's prefill found
+                        self.reused_tokens -= stats.reused_tokens
+                        stats.reused_tokens = head_reused
                     if logits is not None:
                         self._sample(c, logits, chan, stats)
         except LLMError as e:
@@ -441,9 +458,8 @@ class LlamaCppLLM:
                 self._prefill(c, ids, len(ids), stop, stats)
         return stats.prefilled_tokens
 
-    def _end_of_turn(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> float:
-        """P(end-of-turn marker) right after the last message's text, with everything before it in the
-        conversation's context (which keeps it: the reply then prefills only the marker and its opening)."""
+    def _scored_head(self, messages: list[ChatMessage]) -> tuple[list[int], int]:
+        """The tokens up to the end of the last message's text, and the end-of-turn marker's token."""
         if not messages:
             raise ValueError("no messages to score")
         rendered = self._rendered(messages, generation_prompt=False)
@@ -453,6 +469,33 @@ class LlamaCppLLM:
         if not ids or not marker:
             raise LLMError("the chat template leaves no end-of-turn marker after the message")
         self._check_length(len(ids))
+        return ids, marker[0]
+
+    def _score_head(
+        self,
+        c: _Context,
+        head: tuple[list[int], int],
+        chan: PieceChannel,
+        stats: CallStats,
+        scored: Callable[[float], None] | None,
+    ) -> bool:
+        """A scored stream's first part: prefill up to the end of the host's words, hand their end-of-turn
+        probability to the loop, and go on (True) unless stopped; the rest of the prefill then feeds only
+        the marker and the reply's opening."""
+        ids, marker = head
+        logits = self._prefill(c, ids, len(ids) - 1, chan.stop, stats)
+        if logits is None or scored is None:
+            return False
+        try:
+            chan.loop.call_soon_threadsafe(scored, _probability(logits, marker))
+        except RuntimeError:  # the loop is closed: nobody is listening
+            return False
+        return True
+
+    def _end_of_turn(self, messages: list[ChatMessage], key: str | None, stop: threading.Event) -> float:
+        """P(end-of-turn marker) right after the last message's text, with everything before it in the
+        conversation's context (which keeps it: the reply then prefills only the marker and its opening)."""
+        ids, marker = self._scored_head(messages)
         stats = CallStats()
         with self._context_for(key, stop) as c:
             if c is None:
@@ -460,9 +503,12 @@ class LlamaCppLLM:
             logits = self._prefill(c, ids, len(ids) - 1, stop, stats)
             if logits is None:
                 return 0.0
-        x = logits - logits.max()
-        p = np.exp(x)
-        return float(p[marker[0]] / p.sum())
+        return _probability(logits, marker)
+
+
+def _probability(logits: np.ndarray, token: int) -> float:
+    x = np.exp(logits - logits.max())
+    return float(x[token] / x.sum())
 
 
 def _lower_priority() -> None:

@@ -121,6 +121,7 @@ class Conversation:
             cache_key=p.id,
             background=self._owner.spawn,
             gate=None if early is None else early.gate,
+            scored=None if early is None else early.scored,
         )
         name = f"{'early' if early else 'reply'}{turn.id}"
         return self._owner.spawn(self._reply(turn, ctx), name)

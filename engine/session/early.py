@@ -25,6 +25,8 @@ class EarlyReply:
     turn: Turn
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     held: list[Callable[[], None]] = field(default_factory=list)
+    # given the LLM's end-of-turn probability after the host's words, from the reply's own prefill
+    scored: Callable[[float], None] | None = None
 
     def later(self, deliver: Callable[[T], None]) -> Callable[[T], None]:
         """``deliver`` now if the turn is confirmed, else when it is (never, if the reply is dropped)."""
@@ -68,14 +70,15 @@ class EarlyReplies:
         self.pending: EarlyReply | None = None  # started on a pause, not yet confirmed
         self.counts = {"started": 0, "confirmed": 0, "cancelled": 0}
 
-    def start(self, text: str) -> EarlyReply | None:
-        """The host paused and the speculative transcript is ``text``: start replying now, silently."""
+    def start(self, text: str, scored: Callable[[float], None] | None = None) -> EarlyReply | None:
+        """The host paused and the speculative transcript is ``text``: start replying now, silently
+        (``scored``: see ``EarlyReply.scored``)."""
         r = self._replier
         if not self._enabled() or self.pending is not None or r.speaking() or r.busy():
             return None
         turn = r.new_turn(text, "voice", "host", announce=False)
         turn.timings.early_reply = True
-        early = self.pending = EarlyReply(turn)
+        early = self.pending = EarlyReply(turn, scored=scored)
         turn.task = r.spawn_reply(turn, early)
         self.counts["started"] += 1
         return early

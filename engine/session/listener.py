@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -186,11 +187,15 @@ class Listener:
             return
         words = UserTurn(t=p.clock.now(), text=settled.text, source="voice", speaker="host", turn_id=0)
         detector = self._turn_end_detector()
-        try:
-            decision = await detector.decide(words)
-        except Exception as e:  # an optimization: the turn then ends on the whole silence
-            log.warning("end-of-turn scoring failed: %r", e)
-            decision = TurnEndDecision(False, detector.method)
+        decision = await self._judged_by_early_reply(utt, detector, settled.text)
+        if decision is None:
+            if not utt.paused or utt.ended:
+                return
+            try:
+                decision = await detector.decide(words)
+            except Exception as e:  # an optimization: the turn then ends on the whole silence
+                log.warning("end-of-turn scoring failed: %r", e)
+                decision = TurnEndDecision(False, detector.method)
         log.debug("turn end: %r -> %s", settled.text, decision)
         if not utt.paused or utt.ended or utt.stream.settled() is None:
             return  # speech came back (or the turn ended) while it was scored
@@ -200,6 +205,31 @@ class Listener:
             vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
         if utt.early is None:
             utt.early = self.conversation.early.start(settled.text)
+
+    async def _judged_by_early_reply(
+        self, utt: Utterance, detector: TurnEndDetector, text: str
+    ) -> TurnEndDecision | None:
+        """Start the early reply on ``text`` now and take the decision from its own prefill, which has the
+        LLM's end-of-turn probability after the words on its way to the reply (``ScoredStreamer``): no
+        scoring call of its own, and the reply is ~one prefill sooner. None where the reply could not start
+        or ended before it had scored."""
+        if not detector.scores_in_reply or utt.early is not None:
+            return None
+        scored: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+        def deliver(p: float) -> None:
+            if not scored.done():
+                scored.set_result(p)
+
+        start = time.perf_counter()
+        utt.early = self.conversation.early.start(text, scored=deliver)
+        task = utt.early.turn.task if utt.early is not None else None
+        if task is None:
+            return None
+        await asyncio.wait((scored, task), return_when=asyncio.FIRST_COMPLETED)
+        if not scored.done():
+            return None
+        return detector.judge(text, scored.result(), (time.perf_counter() - start) * 1000)
 
     async def _finalize(self, utt: Utterance, speech_end: float, eot: float) -> None:
         """The end of the turn: the final transcript becomes the turn (confirming an early reply to it)."""

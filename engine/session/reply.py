@@ -24,7 +24,7 @@ from engine.events import (
     SpeechAudio,
     UserTurn,
 )
-from engine.llm.base import LLM
+from engine.llm.base import LLM, ScoredStreamer
 from engine.llm.prompt import PromptProvider
 from engine.session.timings import TurnTimings
 from engine.text.chunker import ReplyChunker
@@ -66,6 +66,7 @@ class ReplyContext:
     cache_key: str
     background: Callable[[Coroutine[Any, Any, Any], str], object]  # an owned task outliving the reply
     gate: asyncio.Event | None = None  # an early reply's audio waits for this (the turn's confirmation)
+    scored: Callable[[float], None] | None = None  # an early reply's: the host's words judged by its prefill
 
 
 @dataclass
@@ -115,7 +116,10 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
             index += 1
 
         with stage("llm"):
-            stream = ctx.llm.stream(messages, cache_key=ctx.cache_key)
+            if ctx.scored is not None and isinstance(ctx.llm, ScoredStreamer):
+                stream = ctx.llm.stream_scored(messages, ctx.cache_key, ctx.scored)
+            else:
+                stream = ctx.llm.stream(messages, cache_key=ctx.cache_key)
         try:
             async for piece in _llm_pieces(stream):
                 timings.mark("llm_first_token", clock.now())

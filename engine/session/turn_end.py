@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.events import UserTurn
-from engine.llm.base import LLM, TurnEndScorer
+from engine.llm.base import LLM, ScoredStreamer, TurnEndScorer
 from engine.llm.prompt import PromptProvider
 from engine.vad.config import VADConfig
 
@@ -163,12 +163,22 @@ class TurnEndDetector:
             p = await self.llm.end_of_turn_probability(messages, cache_key=self.cache_key)
             ms = (time.perf_counter() - start) * 1000
             log.debug("turn end: prompt %.0f ms, score %.0f ms, p %.3f", (built - start) * 1e3, ms, p)
-            finished = p >= self.config.end_of_turn_threshold and not ends_dangling(turn.text)
-            return TurnEndDecision(finished, "llm", p, ms)
+            return self.judge(turn.text, p, ms)
         if self.method == "punctuation":
             finished = turn.text.rstrip().endswith(FINISHED_ENDINGS) and not ends_dangling(turn.text)
             return TurnEndDecision(finished, "punctuation")
         return TurnEndDecision(False, "off")
+
+    @property
+    def scores_in_reply(self) -> bool:
+        """The LLM judges the words in the reply's own prefill (``ScoredStreamer``): an early reply started
+        on them yields the decision as it starts, with no call of its own."""
+        return self.method == "llm" and isinstance(self.llm, ScoredStreamer)
+
+    def judge(self, text: str, probability: float, cost_ms: float = 0.0) -> TurnEndDecision:
+        """The decision on ``text`` from the LLM's end-of-turn probability after it."""
+        finished = probability >= self.config.end_of_turn_threshold and not ends_dangling(text)
+        return TurnEndDecision(finished, "llm", probability, cost_ms)
 
     async def warm(self, turn: UserTurn) -> None:
         """While the host is still talking: put her words so far (a partial transcript) into the

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.llm.base import LLMError, TurnEndScorer
+from engine.llm.base import LLMError, ScoredStreamer, TurnEndScorer
 from engine.llm.config import LLMConfig
 from engine.llm.factory import load_llm, resolve_backend
 from engine.llm.llama_cpp_backend import LlamaCppLLM
@@ -192,6 +192,43 @@ async def test_the_reply_goes_on_from_the_scored_words(llama: LlamaCppLLM) -> No
     call = llama.last_call
     assert call.reused_tokens == held, (held, call)
     assert call.prefilled_tokens <= 6  # the end-of-turn marker and the assistant's opening
+
+
+async def scored_stream(
+    llama: LlamaCppLLM, messages: list[dict[str, str]], key: str
+) -> tuple[list[str], list[float], list[str]]:
+    """A scored stream's events in order ("scored" or "piece"), the scores it handed over, its pieces."""
+    order: list[str] = []
+    scores: list[float] = []
+    pieces: list[str] = []
+
+    def scored(p: float) -> None:
+        order.append("scored")
+        scores.append(p)
+
+    async for piece in llama.stream_scored(messages, key, scored):
+        order.append("piece")
+        pieces.append(piece)
+    return order, scores, pieces
+
+
+async def test_a_scored_stream_judges_the_words_in_the_reply_s_own_prefill(llama: LlamaCppLLM) -> None:
+    """The early reply's prefill hands over the end-of-turn probability before its first piece, the same
+    number the scoring call gives, and the reply is the one the two calls (score, then stream) give."""
+    assert isinstance(llama, ScoredStreamer)
+    for text in ("What is your favorite season?", "So the thing about my brother is"):
+        messages = chat(text)
+        p_alone = await llama.end_of_turn_probability(messages, cache_key="alone")
+        two_calls = "".join(await collect(llama.stream(messages, cache_key="alone")))
+
+        order, scores, pieces = await scored_stream(llama, messages, "together")
+        call = llama.last_call
+        assert order[0] == "scored" and order.count("scored") == 1, order
+        assert abs(scores[0] - p_alone) < 1e-3 * max(p_alone, 1e-6) + 1e-6, (scores, p_alone)
+        assert "".join(pieces) == two_calls
+        # one prefill of the prompt, each token counted once (fed, or found in the cache)
+        assert call.reused_tokens + call.prefilled_tokens == call.prompt_tokens, call
+        assert call.prefilled_tokens > 6, call  # it did score its own words, not the other call's
 
 
 def test_a_missing_gguf_is_refused_naming_the_file(tmp_path: Path) -> None:
