@@ -47,7 +47,13 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="idolcast", description="Real-time AI virtual-idol engine")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="debug logging of idolcast's own modules; -vv also of the libraries (aiortc logs every packet)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="start the engine (http://127.0.0.1:8080 by default)")
@@ -104,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose >= 2 else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    if args.verbose:
+        for name in ("engine", "persona"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     try:
         settings = load_settings(getattr(args, "config", None))
     except ConfigError as e:

@@ -7,7 +7,9 @@ parameters the GPU backends run) supplies the art; this renderer draws it differ
   (premultiplied) once;
 * a group's feature patch (the face box: eyes, brows, mouth, blush) is recomposed by the module's own
   torch features, in float, only when a parameter it depends on changed, and written into that
-  session's uint8 copy of the canvas;
+  session's uint8 copy of the canvas; inputs that drift slowly by sub-pixel amounts (the gaze: the
+  iris travels under 2 px at 720p) are first rounded to a quarter pixel of the feature's motion
+  (``Feature.quanta``), so the idle gaze drift redraws the eyes a few times a second, not every frame;
 * each frame, the *dirty boxes* are found: for a group whose motion changed, where it was and where it
   is now; for a group that only had a patch redrawn, where that patch lands; nothing else;
 * each dirty box is redrawn from the static frame, then every group that reaches into it is warped
@@ -176,6 +178,20 @@ class _Group:
         )
 
 
+QUANTUM_PX = 0.25  # a feature input's change that moves its feature less than this is not drawn
+
+
+def _input_quanta(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray]:
+    """Per parameter, the finest step any feature asks for (``Feature.quanta``), and the parameters that
+    have one."""
+    steps = np.zeros(NUM_PARAMS, dtype=np.float32)
+    for g in groups:
+        for feat in g.layer.feats:
+            for i, step in feat.quanta(QUANTUM_PX).items():
+                steps[i] = step if steps[i] == 0 else min(steps[i], step)
+    return steps, np.flatnonzero(steps > 0)
+
+
 class CpuRenderer:
     """Renders params ``[B, P]`` into uint8 premultiplied RGBA frames ``[B, H, W, 4]``, redrawing only the
     boxes that changed since each buffer's previous frame (see :attr:`damage`)."""
@@ -188,6 +204,7 @@ class CpuRenderer:
         # summed-area table of "static art here": a box of it empty is drawn into directly, not laid over
         self._static_sat = cv2.integral((self.static[..., 3] > 0).astype(np.uint8))
         self.groups = [_Group(layer) for layer in generator.groups]
+        self._quanta, self._quantized = _input_quanta(self.groups)
         self._buffers: dict[int, np.ndarray] = {}
         self._slots: dict[int, list[_Slot]] = {}
         self._ids = itertools.count()
@@ -232,12 +249,21 @@ class CpuRenderer:
         self.damage = damage
         return self._buffers[b]
 
+    def feature_params(self, pc: np.ndarray) -> np.ndarray:
+        """What the features are drawn from: ``pc`` with the inputs that have a quantum (``Feature.quanta``)
+        rounded to it (a quarter pixel of the feature's motion); the groups' motion stays exact."""
+        q = self._quantized
+        out = np.array(pc, dtype=np.float32, copy=True)
+        out[..., q] = np.round(out[..., q] / self._quanta[q]) * self._quanta[q]
+        return out
+
     def _render_slot(self, slot: _Slot, pc: np.ndarray) -> list[Box]:
-        p = torch.from_numpy(pc).view(1, NUM_PARAMS)
+        pq = self.feature_params(pc)
+        p = torch.from_numpy(pq).view(1, NUM_PARAMS)
         W, H = self.width, self.height
         dirty: list[Box] = []
         for g, st in zip(self.groups, slot.groups, strict=True):
-            redrawn = self._update_canvas(g, st, p, pc)
+            redrawn = self._update_canvas(g, st, p, pq)
             m = g.affine(pc)
             vis = g.visible(pc)
             reach = mapped_box(m, g.cbox, W, H) if vis > 0.0 else None

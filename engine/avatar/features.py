@@ -81,6 +81,12 @@ class Feature(nn.Module):
         self.name = name
         self.box = box
 
+    def quanta(self, pixel: float) -> dict[int, float]:
+        """Steps of inputs finer than which this feature moves less than ``pixel`` output pixels: the CPU
+        path rounds those inputs to them, so a slow drift (gaze) redraws the feature a few times a second,
+        not every frame. None by default (every change is drawn)."""
+        return {}
+
     def forward(self, p: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -143,6 +149,9 @@ def _c(color: str, alpha: float = 1.0) -> Tensor:
     return sdf.rgba(color, alpha)
 
 
+GAZE_X, GAZE_Y = 12.0, 8.0  # the iris's travel in an eye's local units at gaze ±1
+
+
 class Eye(ProceduralFeature):
     """An anime eye: lids from eye_open and expression, iris from gaze, highlights, lashes."""
 
@@ -167,6 +176,13 @@ class Eye(ProceduralFeature):
         self.c_lash, self.c_lower = _c(lash), _c(lash, 0.75)
         self.colors_to_buffers()
 
+    def quanta(self, pixel: float) -> dict[int, float]:
+        # the iris moves GAZE_X / GAZE_Y local units per unit of gaze (see forward)
+        return {
+            INDEX["gaze_x"]: pixel / (GAZE_X * self.scale),
+            INDEX["gaze_y"]: pixel / (GAZE_Y * self.scale),
+        }
+
     def forward(self, p: Tensor) -> Tensor:
         x, y = self.local(p)
         happy, sad = col(p, "expr_happy"), col(p, "expr_sad")
@@ -187,8 +203,8 @@ class Eye(ProceduralFeature):
         out = self.blank(p)
         shade = torch.clamp((y - yu) / 14.0, 0.0, 1.0)
         out = sdf.paint(out, ap, sdf.mix(self.c_shadow, self.c_white, shade))
-        icx = col(p, "gaze_x") * 12.0
-        icy = 4.0 + col(p, "gaze_y") * 8.0
+        icx = col(p, "gaze_x") * GAZE_X
+        icy = 4.0 + col(p, "gaze_y") * GAZE_Y
         rx, ry = 23.0 * (1.0 - 0.22 * surpr), 29.0 * (1.0 - 0.2 * surpr)
         d_iris = sdf.ellipse(x, y, icx, icy, rx, ry)  # type: ignore[arg-type]
         grad = torch.clamp((y - icy + ry) / (2.0 * ry), 0.0, 1.0)

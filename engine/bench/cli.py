@@ -228,7 +228,8 @@ def _die_with_parent() -> None:
 def engine_process(args: argparse.Namespace) -> Iterator[str]:
     """Start ``idolcast serve`` on a free port and wait until its models are loaded."""
     port, mqtt_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "engine.cli", *(["-v"] * getattr(args, "verbose", 0)), "serve"]
+    cmd += ["--port", str(port)]
     if getattr(args, "config", None):
         cmd += ["--config", args.config]
     env = os.environ.copy()

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def speaking_params(n: int, batch: int, seed: int = 0) -> np.ndarray:
-    """``[n, batch, P]`` parameters: idle sway and breathing, a blink, visemes cycling every frame."""
+    """``[n, batch, P]`` parameters: idle sway, breathing and gaze drift, a blink, visemes cycling every
+    frame."""
     from engine.avatar.generator import rest_params
 
     rng = np.random.default_rng(seed)
@@ -35,6 +36,8 @@ def speaking_params(n: int, batch: int, seed: int = 0) -> np.ndarray:
     out[:, :, INDEX["head_pitch"]] = 0.2 * np.sin(0.9 * t + 2)
     out[:, :, INDEX["body_x"]] = 0.5 * np.sin(0.3 * t)
     out[:, :, INDEX["breath"]] = 0.5 + 0.5 * np.sin(1.6 * t)
+    out[:, :, INDEX["gaze_x"]] = 0.3 * np.sin(1.3 * t + 3)  # the idle gaze drift's size (avatar/motion.py)
+    out[:, :, INDEX["gaze_y"]] = 0.15 * np.sin(1.1 * t + 4)
     out[:, :, INDEX["eye_open_l"]] = out[:, :, INDEX["eye_open_r"]] = np.clip(
         np.abs(np.sin(0.8 * t)) * 4, 0, 1
     )

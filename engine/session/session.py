@@ -139,5 +139,11 @@ class Session:
         self.audio_track.stop()
         if self.video_track is not None:
             self.video_track.stop()
+            sent, dropped = (
+                getattr(self.video_track, "sent", None),
+                getattr(self.video_track, "dropped", None),
+            )
+            if sent is not None:  # frames the renderer or the encoder could not deliver on time were dropped
+                log.info("session %s video: %d frames sent, %d dropped (late)", self.id, sent, dropped)
         self.listener.close()
         self.bus.close()

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from engine.avatar.backends.torch_cpu import TorchBackend
-from engine.avatar.cpu_render import CpuRenderer, Damage
+from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage
+from engine.avatar.features import GAZE_X
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
 from engine.avatar.loaders import load_character
 from engine.avatar.params import INDEX, NUM_PARAMS
@@ -46,8 +47,34 @@ def test_frames_match_the_module(profile: str) -> None:
     params = _sequence(36)
     for i in range(len(params)):
         got = renderer.render(params[i])
-        diff = np.abs(got.astype(int) - _reference(gen, params[i]).astype(int))
+        diff = np.abs(got.astype(int) - _reference(gen, renderer.feature_params(params[i])).astype(int))
         assert diff.max() <= 3 and diff.mean() < 0.02, (i, diff.max(), diff.mean())
+
+
+def test_gaze_is_drawn_to_a_quarter_pixel() -> None:
+    """The iris's drift is drawn in quarter-pixel steps: a change smaller than that redraws nothing, the
+    frame differs from the exact module's only inside the eyes, and a larger change is drawn."""
+    gen = generator("360p")
+    renderer = CpuRenderer(gen)
+    eyes = [f for layer in gen.groups for f in layer.feats if f.name in ("eye_l", "eye_r")]
+    step = renderer._quanta[INDEX["gaze_x"]]
+    assert 0 < step == min(QUANTUM_PX / (GAZE_X * e.scale) for e in eyes)
+    p = rest_params(1)
+    p[0, INDEX["gaze_x"]] = 0.1 * step  # rounds to 0: what rest draws
+    renderer.render(rest_params(1))
+    frame = renderer.render(p)[0]
+    assert renderer.damage[0].boxes == ()
+    p[0, INDEX["gaze_x"]] = 0.3 * step + 0.21  # not on a step: drawn, rounded
+    frame = renderer.render(p)[0]
+    assert renderer.damage[0].boxes != ()
+    diff = np.abs(frame.astype(int) - _reference(gen, p)[0].astype(int)).max(axis=2)
+    outside = np.ones_like(diff, dtype=bool)
+    for e in eyes:
+        x, y, w, h = e.box
+        outside[y : y + h, x : x + w] = False
+    assert diff[outside].max() <= 3
+    # the rounding moves the iris under a quarter pixel: an edge changes by at most ~that share of full scale
+    assert 3 < diff.max() <= 255 * QUANTUM_PX
 
 
 @pytest.mark.parametrize(("name", "overrides", "crop"), CASES, ids=[c[0] for c in CASES])
@@ -96,9 +123,11 @@ def test_batch_slots_keep_their_own_faces() -> None:
     params = speaking_params(6, 3)
     for i in range(6):
         got = renderer.render(params[i])
-        assert np.abs(got.astype(int) - _reference(gen, params[i]).astype(int)).max() <= 3
+        want = _reference(gen, renderer.feature_params(params[i]))
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 3
     single = renderer.render(params[5][1:2])  # another batch size: its own buffers, drawn in full
-    assert np.abs(single.astype(int) - _reference(gen, params[5][1]).astype(int)).max() <= 3
+    want = _reference(gen, renderer.feature_params(params[5][1]))
+    assert np.abs(single.astype(int) - want.astype(int)).max() <= 3
 
 
 def test_motion_affine_is_the_module_motion() -> None:
