@@ -15,6 +15,7 @@ out (``chunk_finished``). Everything here runs on the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -22,6 +23,8 @@ from typing import Protocol
 import numpy as np
 
 from engine.events import SpeechAudio
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,6 +93,10 @@ class PlayoutBuffer:
         self._fade_tail: np.ndarray | None = None
         self._room = asyncio.Event()  # set whenever samples leave the buffer
         self.observer = observer
+        self._played_out: tuple[int, int] | None = None  # the last chunk played in full: its turn, end sample
+        self.gaps_ms: list[
+            float
+        ] = []  # silences inside a reply: a chunk that came after the one before ended
 
     # ---- producer side (event loop) ---------------------------------------------------
 
@@ -128,6 +135,16 @@ class PlayoutBuffer:
         if len(audio.pcm) == 0:
             return None
         item = _Queued(audio, self._end_sample())
+        last = self._played_out
+        if not self._queue and last is not None and last[0] == audio.turn_id and audio.index > 0:
+            gap_ms = (item.start_sample - last[1]) * 1000.0 / self.rate
+            self.gaps_ms.append(gap_ms)
+            log.info(
+                "turn %d: %.0f ms of silence before chunk %d (it was late)",
+                audio.turn_id,
+                gap_ms,
+                audio.index,
+            )
         self._queue.append(item)
         start = self.start_time_of(item.start_sample)
         if start is not None and self.observer is not None:
@@ -185,6 +202,7 @@ class PlayoutBuffer:
             pos += k
             if q.played >= len(q.audio.pcm):
                 self._queue.popleft()
+                self._played_out = (q.audio.turn_id, q.end_sample)
                 if self.observer is not None:
                     self.observer.chunk_finished(HeardChunk(q.audio, q.played / self.rate))
         self._cursor += n

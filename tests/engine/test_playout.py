@@ -119,3 +119,16 @@ async def test_back_pressure_is_bounded_in_milliseconds() -> None:
     assert not waiter.done()
     buf.pull(48000 // 10 * 2)  # 200 ms consumed: 200 ms left < 300 ms
     await asyncio.wait_for(waiter, 1)
+
+
+def test_a_late_chunk_inside_a_reply_is_counted_as_a_gap() -> None:
+    buf = PlayoutBuffer()
+    buf.enqueue(_speech(0.1, turn=1, index=0))
+    buf.enqueue(_speech(0.1, turn=1, index=1))  # queued in time: no gap
+    buf.pull(9600)
+    buf.pull(960)  # 20 ms of silence: chunk 2 is late
+    buf.enqueue(_speech(0.1, turn=1, index=2))
+    buf.pull(4800)
+    buf.pull(4800)  # the reply ended; a new turn after a pause is not a gap
+    buf.enqueue(_speech(0.1, turn=2, index=0))
+    assert buf.gaps_ms == [20.0]
