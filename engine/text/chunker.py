@@ -1,9 +1,11 @@
 """Cut a streamed LLM reply into chunks for TTS.
 
 The first chunk ends at the first clause boundary (``, ; : — …`` or a sentence end) once it
-has ``first_chunk_min_words`` words, so the first audio starts early; later chunks end at
-sentence boundaries (``. ! ?``, an ellipsis before a capital, a newline) or after
-``max_chunk_words`` words (at the last clause boundary inside them if there is one).
+has ``first_chunk_min_words`` words, so the first audio starts early; the second also ends at a
+clause boundary (from its second word) or after ``second_chunk_max_words`` words, because it has to be
+ready before the first has played; later chunks end at sentence boundaries (``. ! ?``, an ellipsis
+before a capital, a newline) or after ``max_chunk_words`` words (at the last clause boundary inside
+them if there is one).
 
 A terminator counts only when whitespace follows it (optionally after closing quotes or
 brackets), so ``3.5``, ``1,000`` and ``10:30`` never split; known abbreviations (``Mr.``,
@@ -126,16 +128,23 @@ class ReplyChunker:
         first_chunk_min_words: int = _DEFAULTS.first_chunk_min_words,
         max_chunk_words: int = _DEFAULTS.max_chunk_words,
         first_chunk_max_words: int = _DEFAULTS.first_chunk_max_words,
+        second_chunk_max_words: int = _DEFAULTS.second_chunk_max_words,
     ) -> None:
         """The defaults are the ``[tts]`` settings' (one source: engine/tts/config.py)."""
         self.first_chunk_min_words = first_chunk_min_words
         self.max_chunk_words = max_chunk_words
         self.first_chunk_max_words = min(first_chunk_max_words, max_chunk_words)
+        self.second_chunk_max_words = min(second_chunk_max_words, max_chunk_words)
         self.reset()
 
     @classmethod
     def from_config(cls, config: TTSConfig) -> ReplyChunker:
-        return cls(config.first_chunk_min_words, config.max_chunk_words, config.first_chunk_max_words)
+        return cls(
+            config.first_chunk_min_words,
+            config.max_chunk_words,
+            config.first_chunk_max_words,
+            config.second_chunk_max_words,
+        )
 
     def reset(self) -> None:
         """Forget everything (a new reply, or an interruption)."""
@@ -181,7 +190,7 @@ class ReplyChunker:
     def _cut_ready(self) -> list[TextChunk]:
         out: list[TextChunk] = []
         while True:
-            k = self._find_cut(self._cur.text, first=self._index == 0)
+            k = self._find_cut(self._cur.text, self._index)
             if k is None:
                 return out
             text, rest = self._cur.text[:k], self._cur.text[k:]
@@ -191,12 +200,14 @@ class ReplyChunker:
             out.append(self._make(" ".join(text.split()), mine))
             self._cur = _Pending(rest.lstrip(), later)
 
-    def _find_cut(self, buf: str, first: bool) -> int | None:
-        """Where the current chunk ends (an index into ``buf``), or None while undecided."""
-        need = self.first_chunk_min_words if first else 1
+    def _find_cut(self, buf: str, index: int) -> int | None:
+        """Where chunk ``index`` ends (an index into ``buf``), or None while undecided."""
+        first = index <= 1  # the first two chunks also end at clause boundaries
+        need = self.first_chunk_min_words if index == 0 else 1
+        clause_need = 2 if index == 1 else need  # the second chunk: no one-word clause ("Well,")
 
-        def ok(k: int) -> bool:
-            return _speakable(buf[:k]) and count_words(buf[:k]) >= need
+        def ok(k: int, clause: bool = False) -> bool:
+            return _speakable(buf[:k]) and count_words(buf[:k]) >= (clause_need if clause else need)
 
         i, n = 0, len(buf)
         while i < n:
@@ -217,17 +228,19 @@ class ReplyChunker:
                     kind = self._terminator_kind(buf, i, j, run)
                     if kind is None:
                         return None
-                    if (kind == "sentence" or first) and kind != "none" and ok(j):
+                    if (kind == "sentence" or first) and kind != "none" and ok(j, kind != "sentence"):
                         return j
                 i = j
                 continue
             elif first and (c in CLAUSE_END or c in DASHES or (c == "-" and buf[i - 1 : i] == " ")):
                 if i + 1 == n:
                     return None
-                if (c in DASHES or buf[i + 1].isspace()) and ok(i + 1):
+                if (c in DASHES or buf[i + 1].isspace()) and ok(i + 1, clause=True):
                     return i + 1
             i += 1
-        return self._cut_long(buf, self.first_chunk_max_words if first else self.max_chunk_words)
+        limits = (self.first_chunk_max_words, self.second_chunk_max_words)
+        limit = limits[index] if index < len(limits) else self.max_chunk_words
+        return self._cut_long(buf, limit, clause_need if index == 1 else 1)
 
     @staticmethod
     def _terminator_kind(buf: str, i: int, j: int, run: str) -> str | None:
@@ -247,14 +260,15 @@ class ReplyChunker:
         return "sentence"
 
     @staticmethod
-    def _cut_long(buf: str, max_words: int) -> int | None:
-        """A cut after ``max_words`` complete words (at the last clause boundary within them)."""
+    def _cut_long(buf: str, max_words: int, min_words: int = 1) -> int | None:
+        """A cut after ``max_words`` complete words (at the last clause boundary within them, if one comes
+        after at least ``min_words``)."""
         words = list(_WORD.finditer(buf))
         complete = [m for m in words if m.end() < len(buf) and buf[m.end()].isspace()]
         if len(complete) <= max_words:
             return None
         limit = complete[max_words - 1].end()
-        for m in reversed(complete[: max_words - 1]):
+        for m in reversed(complete[max(0, min_words - 1) : max_words - 1]):
             end = m.end()
             if buf[end - 1] in CLAUSE_END + DASHES:
                 return end

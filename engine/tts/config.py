@@ -18,6 +18,13 @@ class TTSConfig(BaseModel):
         le=200,
         description="the first chunk is cut after this many words even without punctuation (fast first audio)",
     )
+    second_chunk_max_words: int = Field(
+        default=10,
+        ge=2,
+        le=200,
+        description="the second chunk also ends at a clause boundary and is cut after this many words: it has "
+        "to be written and synthesized while the first plays (~1.4 s for 4 words), or the reply falls silent",
+    )
     threads: int = Field(
         default=0,
         ge=0,

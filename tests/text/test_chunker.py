@@ -47,13 +47,37 @@ def test_first_chunk_is_emitted_as_soon_as_its_boundary_is_certain() -> None:
 
 
 def test_decimals_abbreviations_initials_not_split() -> None:
-    text = "Well then. It costs 3.5 dollars, e.g. at Mr. Smith's shop. J. K. Rowling agrees. It is 10:30 now."
+    text = (
+        "Well then. Sure thing. It costs 3.5 dollars, e.g. at Mr. Smith's shop. J. K. Rowling agrees. "
+        "It is 10:30 now."
+    )
     got = texts(run(text, first_chunk_min_words=2))
     assert got == [
         "Well then.",
+        "Sure thing.",
         "It costs 3.5 dollars, e.g. at Mr. Smith's shop.",
         "J. K. Rowling agrees.",
         "It is 10:30 now.",
+    ]
+
+
+def test_the_second_chunk_is_short_too() -> None:
+    """It must be ready before the first has played: a clause boundary (not after one word) or
+    second_chunk_max_words end it; the chunks after it go by sentences again."""
+    text = (
+        "Oh hi there, well, I really love going to the beach with my friends every single summer. "
+        "It is sunny, warm and fun."
+    )
+    got = texts(run(text, first_chunk_min_words=2, first_chunk_max_words=4, second_chunk_max_words=6))
+    assert got == [
+        "Oh hi there,",
+        "well, I really love going to",
+        "the beach with my friends every single summer.",
+        "It is sunny, warm and fun.",
+    ]
+    assert texts(run("Yes, I do. Well, of course I do, always.", first_chunk_min_words=1))[:2] == [
+        "Yes,",
+        "I do.",
     ]
 
 
