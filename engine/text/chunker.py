@@ -202,7 +202,7 @@ class ReplyChunker:
 
     def _find_cut(self, buf: str, index: int) -> int | None:
         """Where chunk ``index`` ends (an index into ``buf``), or None while undecided."""
-        first = index <= 1  # the first two chunks also end at clause boundaries
+        early = index <= 1  # the first two chunks also end at clause boundaries
         need = self.first_chunk_min_words if index == 0 else 1
         clause_need = 2 if index == 1 else need  # the second chunk: no one-word clause ("Well,")
 
@@ -228,11 +228,11 @@ class ReplyChunker:
                     kind = self._terminator_kind(buf, i, j, run)
                     if kind is None:
                         return None
-                    if (kind == "sentence" or first) and kind != "none" and ok(j, kind != "sentence"):
+                    if (kind == "sentence" or early) and kind != "none" and ok(j, kind != "sentence"):
                         return j
                 i = j
                 continue
-            elif first and (c in CLAUSE_END or c in DASHES or (c == "-" and buf[i - 1 : i] == " ")):
+            elif early and (c in CLAUSE_END or c in DASHES or (c == "-" and buf[i - 1 : i] == " ")):
                 if i + 1 == n:
                     return None
                 if (c in DASHES or buf[i + 1].isspace()) and ok(i + 1, clause=True):
