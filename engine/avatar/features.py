@@ -84,7 +84,7 @@ class Feature(nn.Module):
     def quanta(self, pixel: float) -> dict[int, float]:
         """Steps of inputs finer than which this feature moves less than ``pixel`` output pixels: the CPU
         path rounds those inputs to them, so a slow drift (gaze) redraws the feature a few times a second,
-        not every frame. None by default (every change is drawn)."""
+        not every frame. Empty by default (every change is drawn)."""
         return {}
 
     def forward(self, p: Tensor) -> Tensor:  # pragma: no cover - abstract

@@ -37,6 +37,7 @@ from engine.session.timings import TurnMetrics, TurnTimings
 from engine.tasks import TaskOwner
 from engine.transport.audio_out import IdolAudioTrack
 from engine.transport.playout import PlayoutBuffer
+from engine.transport.video_out import IdolVideoTrack
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +140,8 @@ class Session:
         self.audio_track.stop()
         if self.video_track is not None:
             self.video_track.stop()
-            sent, dropped = (
-                getattr(self.video_track, "sent", None),
-                getattr(self.video_track, "dropped", None),
-            )
-            if sent is not None:  # frames the renderer or the encoder could not deliver on time were dropped
-                log.info("session %s video: %d frames sent, %d dropped (late)", self.id, sent, dropped)
+            if isinstance(self.video_track, IdolVideoTrack):  # late frames are dropped, never queued
+                v = self.video_track
+                log.info("session %s video: %d frames sent, %d dropped (late)", self.id, v.sent, v.dropped)
         self.listener.close()
         self.bus.close()

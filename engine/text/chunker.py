@@ -204,7 +204,8 @@ class ReplyChunker:
         """Where chunk ``index`` ends (an index into ``buf``), or None while undecided."""
         early = index <= 1  # the first two chunks also end at clause boundaries
         need = self.first_chunk_min_words if index == 0 else 1
-        clause_need = 2 if index == 1 else need  # the second chunk: no one-word clause ("Well,")
+        min_clause = 2 if index == 1 else 1  # the second chunk: no one-word clause ("Well,")
+        clause_need = max(need, min_clause)
 
         def ok(k: int, clause: bool = False) -> bool:
             return _speakable(buf[:k]) and count_words(buf[:k]) >= (clause_need if clause else need)
@@ -240,7 +241,7 @@ class ReplyChunker:
             i += 1
         limits = (self.first_chunk_max_words, self.second_chunk_max_words)
         limit = limits[index] if index < len(limits) else self.max_chunk_words
-        return self._cut_long(buf, limit, clause_need if index == 1 else 1)
+        return self._cut_long(buf, limit, min_clause)
 
     @staticmethod
     def _terminator_kind(buf: str, i: int, j: int, run: str) -> str | None:

@@ -25,6 +25,7 @@ import numpy as np
 from engine.events import SpeechAudio
 
 log = logging.getLogger(__name__)
+GAPS_KEPT = 100
 
 
 @dataclass
@@ -94,9 +95,8 @@ class PlayoutBuffer:
         self._room = asyncio.Event()  # set whenever samples leave the buffer
         self.observer = observer
         self._played_out: tuple[int, int] | None = None  # the last chunk played in full: its turn, end sample
-        self.gaps_ms: list[
-            float
-        ] = []  # silences inside a reply: a chunk that came after the one before ended
+        # silences inside a reply (a chunk that came after the one before had ended), the latest ones
+        self.gaps_ms: deque[float] = deque(maxlen=GAPS_KEPT)
 
     # ---- producer side (event loop) ---------------------------------------------------
 
