@@ -65,6 +65,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "(0: one per two clients, at most one per two cores; 1: all in the bench's own process)",
     )
     p.add_argument(
+        "--client-ice-debug",
+        action="store_true",
+        help="--sessions: the client workers log every STUN message they send and receive (to stderr)",
+    )
+    p.add_argument(
         "--stagger-s", type=float, default=1.0, help="--sessions: seconds between clients' first questions"
     )
     p.add_argument(
@@ -303,6 +308,7 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
         "client_jitter_frames": args.client_jitter_frames,
         "stagger_s": args.stagger_s,
         "client_procs": args.client_procs,
+        "client_ice_debug": args.client_ice_debug,
     }
 
     level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)
@@ -342,7 +348,8 @@ def many_table(report: dict[str, Any]) -> str:
     lines.append(
         f"pooled ({report['sessions']} sessions): v2v p50 {v['p50']} p95 {v['p95']} n {v['n']}, "
         f"unanswered {p['unanswered']}, fps mean {p['fps_mean']} min(1s) {p['fps_min_1s']}, "
-        f"lipsync mean {p['lipsync_offset_ms']['mean']} |p95| {p['lipsync_abs_p95_ms']}"
+        f"lipsync mean {p['lipsync_offset_ms']['mean']} |p95| {p['lipsync_abs_p95_ms']}, "
+        f"clients' loop lag max {p.get('client_loop_lag_max_ms')} ms"
     )
     cap = report.get("capacity")
     if cap:

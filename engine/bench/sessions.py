@@ -110,6 +110,7 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         "wer": result.get("wer"),
         "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],
         "lipsync_replies_ms": [r["offset_ms"] for r in result.get("lipsync_per_reply", [])],
+        "client_loop_lag_ms": result.get("client_loop_lag_ms"),
     }
 
 
@@ -119,6 +120,9 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
     fps = [s["fps_mean"] for s in per_session if s["fps_mean"] is not None]
     lows = [s["fps_min_1s"] for s in per_session if s["error"] is None]
     lips = [v for s in per_session for v in s.get("lipsync_replies_ms", [])]
+    lags = [
+        lag["max"] for s in per_session if (lag := s.get("client_loop_lag_ms")) and lag["max"] is not None
+    ]
     return {
         "voice_to_voice_ms": summarize(v2v),
         "unanswered": sum(s["unanswered"] for s in per_session),
@@ -129,6 +133,7 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "fps_min_1s": _lowest(lows),
         "lipsync_offset_ms": summarize(lips) if lips else summarize([]),
         "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
+        "client_loop_lag_max_ms": max(lags, default=None),
     }
 
 
@@ -198,9 +203,17 @@ def _client_group(
     start_at: float,
     client_kwargs: dict[str, Any],
     cores: set[int] | None = None,
+    ice_debug: bool = False,
 ) -> list[dict[str, Any] | str]:
-    """A worker process's clients (index, questions, delay after ``start_at``): results, or the error's text."""
-    logging.basicConfig(level=logging.WARNING)
+    """A worker process's clients (index, questions, delay after ``start_at``): results, or the error's text.
+
+    Its log goes to the bench's stderr, stamped with the time and the worker's pid: warnings, and the
+    clients' ICE (aioice) at INFO, its consent expiries included, or with ``ice_debug`` every STUN message
+    sent and received (the connectivity checks, then one consent check each way every ~5 s)."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s client[%(process)d] %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aioice.ice").setLevel(logging.DEBUG if ice_debug else logging.INFO)
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before any decoder exists: it sizes its threads by these
 
@@ -210,7 +223,11 @@ def _client_group(
 
 
 async def _clients_in_processes(
-    url: str, schedule: list[tuple[int, list[Question], float]], procs: int, client_kwargs: dict[str, Any]
+    url: str,
+    schedule: list[tuple[int, list[Question], float]],
+    procs: int,
+    client_kwargs: dict[str, Any],
+    ice_debug: bool = False,
 ) -> list[dict[str, Any] | BaseException]:
     groups = [schedule[k::procs] for k in range(procs)]
     start_at = time.time() + 6.0  # a spawned worker imports aiortc and numpy first (~2-4 s)
@@ -220,7 +237,7 @@ async def _clients_in_processes(
     slices: list[set[int] | None] = list(core_slices(sorted(affinity), procs)) if affinity else [None] * procs
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [
-            loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs, cores)
+            loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs, cores, ice_debug)
             for g, cores in zip(groups, slices, strict=True)
         ]
         for group, outcome in zip(
@@ -246,12 +263,14 @@ async def run_sessions(
     stagger_s: float = 1.0,
     token: str | None = None,
     client_procs: int = 0,
+    client_ice_debug: bool = False,
 ) -> dict[str, Any]:
     """N clients at once against the engine at ``url``; the report of ``--sessions N``.
 
     The clients present the host credential as the single-session bench does ($IDOLCAST_TOKEN, else the
     local engine's); ``token`` is only for the engine's ``/api/capacity``, read beside them.
-    ``client_procs``: worker processes for the clients (0: :func:`default_client_procs`; 1: this one).
+    ``client_procs``: worker processes for the clients (0: :func:`default_client_procs`; 1: this one);
+    ``client_ice_debug``: the workers log every STUN message (:func:`_client_group`).
     """
     procs = min(n, client_procs or default_client_procs(n))
     client_kwargs: dict[str, Any] = {
@@ -261,7 +280,7 @@ async def run_sessions(
     }
     schedule = [(i, rotated(questions, i), i * stagger_s) for i in range(n)]
     if procs > 1:
-        clients = _clients_in_processes(url, schedule, procs, client_kwargs)
+        clients = _clients_in_processes(url, schedule, procs, client_kwargs, client_ice_debug)
     else:
         clients = _run_clients(url, schedule, client_kwargs)
     peak: dict[str, Any] = {}

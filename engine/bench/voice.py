@@ -20,6 +20,7 @@ from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
 from engine.bench.stats import summarize
 from engine.bench.video import ReceivedVideo, SenderReports, frame_rate, receiver_timeline, record_video
 from engine.clock import MediaClock
+from engine.server.capacity import LoopLag
 from engine.server.credentials import read_host_token
 from engine.tasks import TaskOwner
 from engine.transport.mic_in import set_receive_jitter
@@ -343,6 +344,10 @@ async def run_voice_bench(
     turns: list[TurnResult] = []
     stops: list[float] = []
     barge_skipped = 0
+    # How late this client's own loop wakes, over the whole run: it reads every packet and answers the
+    # engine's ICE consent checks (within 500 ms, or the engine closes the session).
+    loop_lag = LoopLag(window_s=float("inf"))
+    lag_watch = asyncio.ensure_future(loop_lag.watch())
     try:
         await conn.open()  # inside: a refused offer still closes the peer and the HTTP client
         await asyncio.sleep(0.5 + start_delay_s)
@@ -358,6 +363,9 @@ async def run_voice_bench(
                 else:
                     barge_skipped += 1
     finally:
+        lag_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lag_watch
         await conn.close()
     v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
     unanswered = [{"question": t.question, "why": t.unanswered} for t in turns if t.unanswered]
@@ -376,6 +384,7 @@ async def run_voice_bench(
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
         "uplink_ms": summarize([t.uplink_ms for t in turns if t.uplink_ms is not None]),
         "downlink_ms": summarize([t.downlink_ms for t in turns if t.downlink_ms is not None]),
+        "client_loop_lag_ms": loop_lag.summary_ms(),
         **video,
         "turns": [t.__dict__ for t in turns],
     }

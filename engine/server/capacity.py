@@ -27,6 +27,7 @@ late delays every session's audio at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -161,6 +162,15 @@ class LoopLag:
         self.probe_s = probe_s
         self._samples: deque[tuple[float, float]] = deque()  # (t, lag in seconds)
         self._lock = threading.Lock()
+
+    async def watch(self) -> None:
+        """Probe the running loop until cancelled: sleep ``probe_s``, record how much later it woke."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.probe_s)
+            end = loop.time()
+            self.record(end, end - start - self.probe_s)
 
     def record(self, now: float, lag_s: float) -> None:
         with self._lock:

@@ -148,7 +148,7 @@ class Engine:
 
     def start_loading(self) -> None:
         self._owner.spawn(self._watch_capacity(), "capacity")
-        self._owner.spawn(self._watch_loop_lag(), "loop-lag")
+        self._owner.spawn(self.capacity.loop_lag.watch(), "loop-lag")
         if self.models is None:
             self._owner.spawn(self._load(), "load-models")
 
@@ -200,15 +200,6 @@ class Engine:
             except Exception:
                 log.exception("capacity sample failed")
             await asyncio.sleep(self.settings.capacity.sample_s)
-
-    async def _watch_loop_lag(self) -> None:
-        """How late the loop wakes: ten probes a second (what every session's pacing waits on)."""
-        loop, lag = asyncio.get_running_loop(), self.capacity.loop_lag
-        while True:
-            start = loop.time()
-            await asyncio.sleep(lag.probe_s)
-            end = loop.time()
-            lag.record(end, end - start - lag.probe_s)
 
     # ---- sessions ------------------------------------------------------------------------------
 
