@@ -39,7 +39,7 @@ class PeerManager:
         self.connected: dict[str, None] = {}  # sessions whose peer is connected, in connection order
         self._owner = TaskOwner("peers")
         engine.on_session_closed.append(self._session_closed)
-        ice.configure(engine.settings.server)  # the UDP port range of the media, if one is set
+        ice.configure(engine.settings.server)  # sockets drained per wake; the UDP port range, if one is set
 
     def configuration(self) -> RTCConfiguration:
         servers = rtc_ice_servers(self.engine.settings.server)  # with the TURN credentials

@@ -9,6 +9,10 @@ gathering with a clear error. Each session binds one port per local interface ad
 bundles audio and video), so give ``sessions × addresses`` ports at least. TURN allocations
 are outgoing and need no published port.
 
+**Draining.** The same wrapper has every candidate's socket read all its waiting datagrams when
+it is ready, not one per turn of the event loop (engine/transport/datagrams.py says why: with many
+sessions the backlog made ICE consent answers seconds late).
+
 **TURN.** ``server.ice_servers`` (``stun:``/``turn:``/``turns:`` URLs, with
 ``ice_username``/``ice_credential`` for the TURN ones) configures the engine's own peer and is
 served to the pages at ``GET /api/ice-servers`` in the browser's ``RTCIceServer`` shape.
@@ -23,18 +27,28 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aioice.ice
 from aiohttp import web
 from aiortc import RTCIceServer
 
+from engine.transport.datagrams import drain_when_ready
+
 log = logging.getLogger(__name__)
-_RANGE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-    "idolcast_ice_range", default=None
-)
 _range: tuple[int, int] | None = None
 _ORIGINAL = aioice.ice.Connection.get_component_candidates
+
+
+@dataclass(frozen=True)
+class _Gathering:
+    span: tuple[int, int] | None  # the port range of this gathering, if any
+
+
+_GATHERING: contextvars.ContextVar[_Gathering | None] = contextvars.ContextVar(
+    "idolcast_ice_gathering", default=None
+)
 
 
 class PortRangeExhausted(OSError):
@@ -79,31 +93,48 @@ def use_port_range(lo: int, hi: int) -> None:
     if not 1024 <= lo <= hi <= 65535:
         raise ValueError(f"server.ice_port_min..ice_port_max must be a range in 1024..65535, got {lo}..{hi}")
     _range = (lo, hi)
-    aioice.ice.Connection.get_component_candidates = _gather_in_range  # type: ignore[method-assign]
+    install()
+
+
+def install() -> None:
+    """Wrap aioice's candidate gathering (once): its sockets drain per wake, and bind in the range if set."""
+    aioice.ice.Connection.get_component_candidates = _gather  # type: ignore[method-assign]
 
 
 def configure(cfg: ICESettings) -> None:
+    install()
     use_port_range(cfg.ice_port_min, cfg.ice_port_max)
 
 
-async def _gather_in_range(self: aioice.ice.Connection, *args: Any, **kwargs: Any) -> Any:
-    if _range is None:
-        return await _ORIGINAL(self, *args, **kwargs)
+async def _gather(self: aioice.ice.Connection, *args: Any, **kwargs: Any) -> Any:
     loop = asyncio.get_running_loop()
-    if not getattr(loop, "_idolcast_ranged", False):
-        loop.create_datagram_endpoint = functools.partial(_ranged_endpoint, loop.create_datagram_endpoint)  # type: ignore[method-assign]
-        loop._idolcast_ranged = True  # type: ignore[attr-defined]
-    token = _RANGE.set(_range)
+    if not getattr(loop, "_idolcast_gathering", False):
+        loop.create_datagram_endpoint = functools.partial(_endpoint, loop.create_datagram_endpoint)  # type: ignore[method-assign]
+        loop._idolcast_gathering = True  # type: ignore[attr-defined]
+    token = _GATHERING.set(_Gathering(_range))
     try:
         return await _ORIGINAL(self, *args, **kwargs)
     finally:
-        _RANGE.reset(token)
+        _GATHERING.reset(token)
 
 
-async def _ranged_endpoint(
-    original: Callable[..., Awaitable[Any]], factory: Any, *args: Any, **kwargs: Any
+async def _endpoint(original: Callable[..., Awaitable[Any]], factory: Any, *args: Any, **kwargs: Any) -> Any:
+    """``loop.create_datagram_endpoint`` while aioice gathers: ranged, then drained (engine/transport/datagrams.py)."""
+    gathering = _GATHERING.get()
+    if gathering is None:
+        return await original(factory, *args, **kwargs)
+    transport, protocol = await _ranged(original, gathering.span, factory, *args, **kwargs)
+    drain_when_ready(transport)
+    return transport, protocol
+
+
+async def _ranged(
+    original: Callable[..., Awaitable[Any]],
+    span: tuple[int, int] | None,
+    factory: Any,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
-    span = _RANGE.get()
     local = kwargs.get("local_addr")
     if span is None or not local or local[1] != 0:
         return await original(factory, *args, **kwargs)
