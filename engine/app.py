@@ -73,6 +73,9 @@ def create_app(
 
 def serve(settings: Settings) -> int:
     logging.getLogger().setLevel(settings.server.log_level)
+    # Every session's pacing waits on the event loop, which shares the GIL with the encoders', render's and
+    # models' threads: at Python's 5 ms it woke ~100 ms late with 16 sessions (docs/PERFORMANCE.md).
+    sys.setswitchinterval(settings.server.gil_switch_ms / 1000.0)
     host, port = settings.server.host, settings.server.port
     try:
         credentials, created = Credentials.from_settings(
