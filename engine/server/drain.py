@@ -27,6 +27,7 @@ from aiohttp import web
 from engine.events import Draining
 from engine.server.diagnostics import install_dump_signal
 from engine.server.engine import Engine
+from engine.transport import encoders
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ async def drain(
 async def serve_until_signalled(app: web.Application, engine: Engine, host: str, port: int) -> None:
     """Serve ``app`` until SIGTERM or SIGINT, then drain (above) and shut down cleanly."""
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(encoders.media_executor(engine.settings.server.max_sessions))
     stop, hurry = asyncio.Event(), asyncio.Event()
 
     def on_signal(sig: signal.Signals) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -105,4 +106,34 @@ def install(policy: EncoderPolicy | None = None) -> EncoderPolicy:
     return active
 
 
-__all__ = ["EncoderPolicy", "aiortc_threads", "available_cores", "encoder_threads", "install"]
+# Jobs one session may have in the loop's default executor at once: aiortc encodes every audio and video
+# frame there (``run_in_executor(None, encoder.encode, ...)``), beside the session's own ``to_thread`` calls.
+JOBS_PER_SESSION = 4
+
+
+def executor_workers(max_sessions: int, cores: int | None = None) -> int:
+    """Threads for the loop's default executor when ``max_sessions`` may stream at once."""
+    return min(512, (cores if cores is not None else available_cores()) + JOBS_PER_SESSION * max_sessions)
+
+
+def media_executor(max_sessions: int) -> ThreadPoolExecutor:
+    """The engine loop's default executor, sized for its sessions' encoders.
+
+    asyncio's own holds ``min(32, cores + 4)`` threads (20 on the H200 host's 16 cores): with 16 sessions,
+    16 video and 16 audio encoders and the sessions' other jobs queued in it, and a reply's audio frames
+    waited behind other sessions' video frames. Threads start only when a job finds none idle, so a
+    large ceiling costs nothing while few sessions run; the encoders still share the cores by the
+    policy above (their libvpx threads), this only keeps a job from waiting for a free worker.
+    """
+    return ThreadPoolExecutor(max_workers=executor_workers(max_sessions))
+
+
+__all__ = [
+    "EncoderPolicy",
+    "aiortc_threads",
+    "available_cores",
+    "encoder_threads",
+    "executor_workers",
+    "install",
+    "media_executor",
+]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import fractions
+import time
 
 import numpy as np
 import pytest
 from aiortc.codecs import vpx
 from av import VideoFrame
 
+from engine.transport import encoders
 from engine.transport.encoders import EncoderPolicy, aiortc_threads, encoder_threads, install
 
 pytestmark = pytest.mark.unit
@@ -41,3 +43,25 @@ def test_aiortc_vp8_encoder_takes_the_policy() -> None:
         del encoders
     finally:
         install(EncoderPolicy())
+
+
+def test_the_executor_has_room_for_every_sessions_encoders() -> None:
+    assert encoders.executor_workers(16, cores=16) == 16 + 4 * 16
+    assert encoders.executor_workers(1, cores=2) == 6  # asyncio's own size on 2 cores
+    assert encoders.executor_workers(10_000, cores=16) == 512
+
+
+def test_an_audio_frame_does_not_wait_behind_other_sessions_video() -> None:
+    """Four sessions' worth of slow jobs (a video encode each, plus three more) in flight: one more job
+    (a session's audio encode) starts at once, where asyncio's default pool (cores + 4) would queue it."""
+    sessions = 4
+    pool = encoders.media_executor(sessions)
+    try:
+        slow = [pool.submit(time.sleep, 0.3) for _ in range(encoders.JOBS_PER_SESSION * sessions - 1)]
+        start = time.perf_counter()
+        waited = pool.submit(lambda: time.perf_counter() - start).result(timeout=5)
+        assert waited < 0.15, f"the job waited {waited * 1000:.0f} ms for a worker"
+        for f in slow:
+            f.result(timeout=5)
+    finally:
+        pool.shutdown()
