@@ -397,6 +397,11 @@ def print_table(report: dict[str, Any]) -> None:
         s = report[key]
         print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")
     print(f"wer: {report['wer']}")
+    if (quiet := report.get("silences_in_replies")) is not None:
+        print(
+            f"silences inside replies: {quiet['replies']} of {quiet['of']} replies, {quiet['silences']} in all, "
+            f"longest {quiet['longest_ms']} ms"
+        )
     if report.get("video_size"):
         ls = report["lipsync_offset_ms"]
         print(f"video {report['video_size']}: fps mean {report['fps_mean']} min(1s) {report['fps_min_1s']}")

@@ -90,6 +90,7 @@ class TurnResult:
     # the engine's first reply frame leaving its track → the client's first loud sample.
     uplink_ms: float | None = None
     downlink_ms: float | None = None
+    silences_ms: list[float] = field(default_factory=list)  # inside the reply, as the engine's playout saw
 
 
 class EngineConnection:
@@ -245,6 +246,7 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     result.reply = completed.get("played_text", "")
     result.stages_ms = timings.get("relative_ms", {})
     result.turn_end = timings.get("turn_end")
+    result.silences_ms = list(timings.get("silences_ms") or [])
     result.timestamps = {
         k: timings.get(k)
         for k in (
@@ -385,8 +387,20 @@ async def run_voice_bench(
         "uplink_ms": summarize([t.uplink_ms for t in turns if t.uplink_ms is not None]),
         "downlink_ms": summarize([t.downlink_ms for t in turns if t.downlink_ms is not None]),
         "client_loop_lag_ms": loop_lag.summary_ms(),
+        "silences_in_replies": silences_in_replies(turns),
         **video,
         "turns": [t.__dict__ for t in turns],
+    }
+
+
+def silences_in_replies(turns: Sequence[TurnResult]) -> dict[str, Any]:
+    """How many replies had a silence inside (a chunk late at the engine's playout), how many, the longest."""
+    gaps = [ms for t in turns for ms in t.silences_ms]
+    return {
+        "replies": sum(1 for t in turns if t.silences_ms),
+        "of": sum(1 for t in turns if not t.unanswered),
+        "silences": len(gaps),
+        "longest_ms": max(gaps, default=None),
     }
 
 

@@ -148,6 +148,7 @@ class Conversation:
         played = turn.played_text()
         timings = turn.timings
         timings.interrupted = turn.interrupted
+        timings.silences_ms = [round(ms, 1) for ms in p.playout.gaps_of(turn.id)]
         self._live.pop(turn.id, None)
         self.history.append(timings)
         if p.metrics is not None:

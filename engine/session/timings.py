@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -36,6 +36,8 @@ class TurnTimings:
     early_reply: bool = False  # the reply started on the pause, before the end of the turn
     llm: dict[str, float] | None = None  # the in-process model's work (see reply._llm_stats)
     turn_end: dict[str, object] | None = None  # the pause's end-of-turn judgement (session/turn_end.py)
+    # silences inside the reply, ms: a chunk that reached the playout after the one before had ended
+    silences_ms: list[float] = field(default_factory=list)
     error: str | None = None
 
     def mark(self, stage: str, t: float) -> None:

@@ -95,8 +95,9 @@ class PlayoutBuffer:
         self._room = asyncio.Event()  # set whenever samples leave the buffer
         self.observer = observer
         self._played_out: tuple[int, int] | None = None  # the last chunk played in full: its turn, end sample
-        # silences inside a reply (a chunk that came after the one before had ended), the latest ones
-        self.gaps_ms: deque[float] = deque(maxlen=GAPS_KEPT)
+        # silences inside a reply (a chunk that came after the one before had ended): the latest ones,
+        # as (turn id, ms)
+        self.gaps: deque[tuple[int, float]] = deque(maxlen=GAPS_KEPT)
 
     # ---- producer side (event loop) ---------------------------------------------------
 
@@ -123,6 +124,10 @@ class PlayoutBuffer:
     def start_time_of(self, sample: int) -> float | None:
         return None if self._t0 is None else self._t0 + sample / self.rate
 
+    def gaps_of(self, turn_id: int) -> list[float]:
+        """The silences inside turn ``turn_id``'s reply so far, in ms (among the latest ``GAPS_KEPT``)."""
+        return [ms for turn, ms in self.gaps if turn == turn_id]
+
     async def wait_for_room(self) -> None:
         while self.buffered_samples >= self.max_buffered:
             self._room.clear()
@@ -138,7 +143,7 @@ class PlayoutBuffer:
         last = self._played_out
         if not self._queue and last is not None and last[0] == audio.turn_id and audio.index > 0:
             gap_ms = (item.start_sample - last[1]) * 1000.0 / self.rate
-            self.gaps_ms.append(gap_ms)
+            self.gaps.append((audio.turn_id, gap_ms))
             log.info(
                 "turn %d: %.0f ms of silence before chunk %d (it was late)",
                 audio.turn_id,

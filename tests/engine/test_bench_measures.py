@@ -60,3 +60,16 @@ def test_the_mouth_reads_the_same_from_the_luma_plane_as_from_a_gray_conversion(
     from_plane = probe.openness(_luma_plane(frame))
     assert from_plane == pytest.approx(probe.openness(frame.to_ndarray(format="gray")), abs=0.01)
     assert 0.4 < from_plane < 0.6
+
+
+def test_silences_inside_replies_are_counted_per_reply() -> None:
+    from engine.bench.voice import TurnResult, silences_in_replies
+
+    turns = [
+        TurnResult("a", silences_ms=[]),
+        TurnResult("b", silences_ms=[428.0, 120.5]),
+        TurnResult("c", unanswered="no words"),
+        TurnResult("d", silences_ms=[757.0]),
+    ]
+    assert silences_in_replies(turns) == {"replies": 2, "of": 3, "silences": 3, "longest_ms": 757.0}
+    assert silences_in_replies([TurnResult("a")])["longest_ms"] is None

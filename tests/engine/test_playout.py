@@ -131,4 +131,5 @@ def test_a_late_chunk_inside_a_reply_is_counted_as_a_gap() -> None:
     buf.pull(4800)
     buf.pull(4800)  # the reply ended; a new turn after a pause is not a gap
     buf.enqueue(_speech(0.1, turn=2, index=0))
-    assert list(buf.gaps_ms) == [20.0]
+    assert list(buf.gaps) == [(1, 20.0)]
+    assert buf.gaps_of(1) == [20.0] and buf.gaps_of(2) == []

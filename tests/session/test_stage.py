@@ -74,6 +74,8 @@ async def test_barge_in_cuts_the_reply_where_the_host_spoke(settings: Settings, 
         assert cut.t - start < 1.0, "barge-in took more than a second of the host's speech"
         done = await s.until_event(TurnCompleted)
         assert done.interrupted and done.played_text
+        # the playout's silences inside this reply travel with the turn (the bench counts them)
+        assert done.timings["silences_ms"] == [round(ms, 1) for ms in s.session.playout.gaps_of(done.turn_id)]
         await s.run_for(0.3)
         after = [t for t in s.loud_at() if t > cut.cut_t + 0.05]  # the fade is 15 ms
         assert not after, f"the idol went on after the cut at {cut.cut_t:.2f}: {after[:3]}"
