@@ -67,7 +67,9 @@ async def drain(
 
 
 async def serve_until_signalled(app: web.Application, engine: Engine, host: str, port: int) -> None:
-    """Serve ``app`` until SIGTERM or SIGINT, then drain (above) and shut down cleanly."""
+    """Serve ``app`` until SIGTERM or SIGINT, then drain (above) and shut down cleanly.
+
+    The engine process's loop starts here, so its default executor (aiortc's encoders) is sized here too."""
     loop = asyncio.get_running_loop()
     loop.set_default_executor(encoders.media_executor(engine.settings.server.max_sessions))
     stop, hurry = asyncio.Event(), asyncio.Event()
