@@ -18,8 +18,9 @@
 # IDOLCAST_* variable set by the caller is passed on. Many sessions (issue 13): SESSIONS=N runs
 # `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (STAGGER_S the
 # seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level, CLIENT_PROCS the
-# worker processes the bench's clients are spread over, 0 = one per two clients; ICE_DEBUG=1 has the client
-# workers log every STUN message); both write
+# worker processes the bench's clients are spread over, 0 = one per two clients; ENGINES the engine processes
+# the sessions are spread over, replicas sharing the GPU; ICE_DEBUG=1 has the client workers log every STUN
+# message); both write
 # $OUT/sessions.json instead of bench.json and skip the single-session report.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +72,7 @@ bench)
           top -b -n 1 -H -w 200 | head -60 > "$OUT/top-threads.txt" ) > /dev/null 2>&1 &
         DUMPER=$!
         timeout "${BENCH_TIMEOUT:-540}" python3 -m engine.cli bench --turns "${TURNS:-5}" "${MANY[@]}" \
-            --stagger-s "${STAGGER_S:-1.0}" --client-procs "${CLIENT_PROCS:-0}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
+            --stagger-s "${STAGGER_S:-1.0}" --client-procs "${CLIENT_PROCS:-0}" --engines "${ENGINES:-1}" --sl-p95-factor "${SL_P95_FACTOR:-1.5}" \
             --sl-min-fps "${SL_MIN_FPS:-27}" ${ICE_DEBUG:+--client-ice-debug} --json > "$OUT/sessions.json" 2> "$OUT/sessions.log"
         echo "bench exit $?"
         kill "$DUMPER" 2> /dev/null
@@ -83,15 +84,17 @@ for s in r["per_session"]:
     print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
           s["fps_min_1s"], "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
-print("pooled", r["sessions"], "client processes", r.get("client_procs"), r["pooled"])
+print("pooled", r["sessions"], "engines", r.get("engines"), "client processes", r.get("client_procs"), r["pooled"])
 for step in (r.get("capacity") or {}).get("steps", []):
     est = step.get("engine_capacity") or {}
     print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],
           step["broken"], "engine's estimate:", est.get("capacity"), est.get("bounded_by"))
 print("capacity", (r.get("capacity") or {}).get("largest_n_held"))
 e = r.get("engine_capacity") or {}
-print("engine at the peak:", e.get("capacity"), e.get("bounded_by"), "loop lag", e.get("event_loop_lag_ms"),
-      {k: (v.get("in_use"), v.get("per_session")) for k, v in (e.get("resources") or {}).items()})
+for e in r.get("engine_capacities") or [e]:
+    e = e or {}
+    print("engine at the peak:", e.get("capacity"), e.get("bounded_by"), "loop lag", e.get("event_loop_lag_ms"),
+          {k: (v.get("in_use"), v.get("per_session")) for k, v in (e.get("resources") or {}).items()})
 EOF
         exit 0
     fi

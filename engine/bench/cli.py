@@ -65,6 +65,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "(0: one per two clients, at most one per two cores; 1: all in the bench's own process)",
     )
     p.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="--sessions/--find-capacity: engine processes the bench starts, the sessions spread over them "
+        "in turn (replicas on one box: each has its own event loop and GIL); with --url, give "
+        "several URLs comma-separated instead",
+    )
+    p.add_argument(
         "--client-ice-debug",
         action="store_true",
         help="--sessions: the client workers log every STUN message they send and receive (to stderr)",
@@ -232,28 +240,41 @@ def _die_with_parent() -> None:
 @contextlib.contextmanager
 def engine_process(args: argparse.Namespace) -> Iterator[str]:
     """Start ``idolcast serve`` on a free port and wait until its models are loaded."""
-    port, mqtt_port = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "engine.cli", *(["-v"] * getattr(args, "verbose", 0)), "serve"]
-    cmd += ["--port", str(port)]
-    if getattr(args, "config", None):
-        cmd += ["--config", args.config]
-    env = os.environ.copy()
-    # A fresh memory bank per run: what earlier runs taught the idol must not change this run's prompts.
+    with engine_processes(args, 1) as urls:
+        yield urls[0]
+
+
+@contextlib.contextmanager
+def engine_processes(args: argparse.Namespace, count: int) -> Iterator[list[str]]:
+    """Start ``count`` engines (``idolcast serve``, each on its own free ports with its own memory bank),
+    loading side by side, and wait until all are ready; stopped together however the bench ends."""
     scratch = tempfile.TemporaryDirectory(prefix="idolcast-bench-")
-    env.setdefault("IDOLCAST_PERSONA__MEMORY_DB", os.path.join(scratch.name, "memory.sqlite3"))
-    env.setdefault("IDOLCAST_MQTT__EMBEDDED_PORT", str(mqtt_port))  # beside a running engine's broker
-    # keep our stdout for the report; the engine dies with the bench, however the bench ends (even SIGKILL)
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, preexec_fn=_die_with_parent)
-    url = f"http://127.0.0.1:{port}"
+    started: list[tuple[subprocess.Popen[bytes], str]] = []
     try:
-        wait_ready(url, proc)
-        yield url
+        for k in range(count):
+            port, mqtt_port = _free_port(), _free_port()
+            cmd = [sys.executable, "-m", "engine.cli", *(["-v"] * getattr(args, "verbose", 0)), "serve"]
+            cmd += ["--port", str(port)]
+            if getattr(args, "config", None):
+                cmd += ["--config", args.config]
+            env = os.environ.copy()
+            # A fresh memory bank per run: what earlier runs taught the idol must not change its prompts.
+            env.setdefault("IDOLCAST_PERSONA__MEMORY_DB", os.path.join(scratch.name, f"memory-{k}.sqlite3"))
+            env.setdefault("IDOLCAST_MQTT__EMBEDDED_PORT", str(mqtt_port))  # beside a running engine's broker
+            # keep our stdout for the report; the engine dies with the bench, however it ends (even SIGKILL)
+            proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, preexec_fn=_die_with_parent)
+            started.append((proc, f"http://127.0.0.1:{port}"))
+        for proc, url in started:
+            wait_ready(url, proc)
+        yield [url for _, url in started]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc, _ in started:
+            proc.terminate()
+        for proc, _ in started:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         scratch.cleanup()
 
 
@@ -314,23 +335,29 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
     level = ServiceLevel(args.sl_p95_factor, None, args.sl_min_fps, args.sl_max_unanswered)
     video = settings.avatar.enabled
     if args.url:
-        wait_ready(args.url)
+        urls = [u.strip() for u in args.url.split(",") if u.strip()]
+        for u in urls:
+            wait_ready(u)
         if args.find_capacity:
-            return await find_capacity(
-                args.url, questions, level, max_sessions=top, with_video=video, **kwargs
-            )
-        return await run_sessions(args.url, questions, args.sessions, **kwargs)
-    # The bench's own engine: room for every probed session, and its admission off, so what is measured
-    # is what the machine holds (its own estimate is read from /api/capacity and reported beside it).
-    os.environ.setdefault("IDOLCAST_SERVER__MAX_SESSIONS", str(max(top, 8)))
+            return await find_capacity(urls, questions, level, max_sessions=top, with_video=video, **kwargs)
+        return await run_sessions(urls, questions, args.sessions, **kwargs)
+    # The bench's own engines: room for every probed session, and their admission off, so what is measured
+    # is what the machine holds (each one's own estimate is read from /api/capacity and reported beside it).
+    engines = max(1, args.engines)
+    os.environ.setdefault("IDOLCAST_SERVER__MAX_SESSIONS", str(max(-(-top // engines), 8)))
     os.environ.setdefault("IDOLCAST_CAPACITY__ADMISSION", "false")
     kwargs["same_host"] = True
-    if args.find_capacity:  # a fresh engine (and memory bank) for every step
+    if args.find_capacity:  # fresh engines (and memory banks) for every step
         return await find_capacity(
-            lambda: engine_process(args), questions, level, max_sessions=top, with_video=video, **kwargs
+            lambda: engine_processes(args, engines),
+            questions,
+            level,
+            max_sessions=top,
+            with_video=video,
+            **kwargs,
         )
-    with engine_process(args) as url:
-        return await run_sessions(url, questions, args.sessions, **kwargs)
+    with engine_processes(args, engines) as urls:
+        return await run_sessions(urls, questions, args.sessions, **kwargs)
 
 
 def many_table(report: dict[str, Any]) -> str:

@@ -181,9 +181,23 @@ def core_slices(cores: Sequence[int], procs: int) -> list[set[int]]:
     return [set(cores[k * per : (k + 1) * per]) for k in range(procs)]
 
 
+# A client's place in the run: its index, the engine it talks to, its questions, its delay.
+Scheduled = tuple[int, str, list[Question], float]
+
+
+def spread(
+    urls: str | Sequence[str], questions: Sequence[Question], n: int, stagger_s: float
+) -> list[Scheduled]:
+    """``n`` clients over the engines at ``urls`` in turn (one URL: all on it), each asking ``questions`` in
+    its own order, the first questions ``stagger_s`` apart."""
+    engines = [urls] if isinstance(urls, str) else list(urls)
+    if not engines:
+        raise ValueError("no engine to bench")
+    return [(i, engines[i % len(engines)], rotated(questions, i), i * stagger_s) for i in range(n)]
+
+
 async def _run_clients(
-    url: str,
-    schedule: list[tuple[int, list[Question], float]],
+    schedule: list[Scheduled],
     client_kwargs: dict[str, Any],
     offset: float = 0.0,
 ) -> list[dict[str, Any] | BaseException]:
@@ -191,21 +205,21 @@ async def _run_clients(
     return await asyncio.gather(
         *(
             run_voice_bench(url, qs, None, 0, start_delay_s=offset + d, **client_kwargs)
-            for _, qs, d in schedule
+            for _, url, qs, d in schedule
         ),
         return_exceptions=True,
     )
 
 
 def _client_group(
-    url: str,
-    assigned: list[tuple[int, list[Question], float]],
+    assigned: list[Scheduled],
     start_at: float,
     client_kwargs: dict[str, Any],
     cores: set[int] | None = None,
     ice_debug: bool = False,
 ) -> list[dict[str, Any] | str]:
-    """A worker process's clients (index, questions, delay after ``start_at``): results, or the error's text.
+    """A worker process's clients (index, engine, questions, delay after ``start_at``): results, or the error's
+    text.
 
     Its log goes to the bench's stderr, stamped with the time and the worker's pid: warnings, and the
     clients' ICE (aioice) at INFO, its consent expiries included, or with ``ice_debug`` every STUN message
@@ -218,13 +232,12 @@ def _client_group(
         os.sched_setaffinity(0, cores)  # before any decoder exists: it sizes its threads by these
 
     offset = max(0.0, start_at - time.time())  # the same schedule in every process
-    results = asyncio.run(_run_clients(url, assigned, client_kwargs, offset))
+    results = asyncio.run(_run_clients(assigned, client_kwargs, offset))
     return [r if isinstance(r, dict) else f"{type(r).__name__}: {r}" for r in results]
 
 
 async def _clients_in_processes(
-    url: str,
-    schedule: list[tuple[int, list[Question], float]],
+    schedule: list[Scheduled],
     procs: int,
     client_kwargs: dict[str, Any],
     ice_debug: bool = False,
@@ -237,13 +250,13 @@ async def _clients_in_processes(
     slices: list[set[int] | None] = list(core_slices(sorted(affinity), procs)) if affinity else [None] * procs
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [
-            loop.run_in_executor(pool, _client_group, url, g, start_at, client_kwargs, cores, ice_debug)
+            loop.run_in_executor(pool, _client_group, g, start_at, client_kwargs, cores, ice_debug)
             for g, cores in zip(groups, slices, strict=True)
         ]
         for group, outcome in zip(
             groups, await asyncio.gather(*futures, return_exceptions=True), strict=True
         ):
-            for k, (i, _, _) in enumerate(group):
+            for k, (i, _, _, _) in enumerate(group):
                 if isinstance(outcome, BaseException):
                     results[i] = outcome
                 else:
@@ -253,7 +266,7 @@ async def _clients_in_processes(
 
 
 async def run_sessions(
-    url: str,
+    url: str | Sequence[str],
     questions: Sequence[Question],
     n: int,
     *,
@@ -265,7 +278,8 @@ async def run_sessions(
     client_procs: int = 0,
     client_ice_debug: bool = False,
 ) -> dict[str, Any]:
-    """N clients at once against the engine at ``url``; the report of ``--sessions N``.
+    """N clients at once against the engine at ``url`` (or spread over several engines in turn: replicas on
+    one box, ``--engines``); the report of ``--sessions N``.
 
     The clients present the host credential as the single-session bench does ($IDOLCAST_TOKEN, else the
     local engine's); ``token`` is only for the engine's ``/api/capacity``, read beside them.
@@ -278,16 +292,17 @@ async def run_sessions(
         "client_jitter_frames": client_jitter_frames,
         "same_host": same_host,
     }
-    schedule = [(i, rotated(questions, i), i * stagger_s) for i in range(n)]
+    schedule = spread(url, questions, n, stagger_s)
+    engines = list(dict.fromkeys(u for _, u, _, _ in schedule))
     if procs > 1:
-        clients = _clients_in_processes(url, schedule, procs, client_kwargs, client_ice_debug)
+        clients = _clients_in_processes(schedule, procs, client_kwargs, client_ice_debug)
     else:
-        clients = _run_clients(url, schedule, client_kwargs)
+        clients = _run_clients(schedule, client_kwargs)
     peak: dict[str, Any] = {}
 
-    async def sample_peak() -> None:  # the engine's own estimate while all N are connected
+    async def sample_peak() -> None:  # each engine's own estimate while all N are connected
         await asyncio.sleep(1.5 + n * stagger_s + (6.0 if procs > 1 else 0.0))
-        peak["engine"] = await engine_capacity(url, token)
+        peak["engines"] = await asyncio.gather(*(engine_capacity(u, token) for u in engines))
 
     sampler = asyncio.ensure_future(sample_peak())
     try:
@@ -305,15 +320,17 @@ async def run_sessions(
         "client_procs": procs,
         "per_session": per_session,
         "pooled": pool(per_session),
-        "engine_capacity": peak.get("engine"),
+        "engines": len(engines),
+        "engine_capacity": (peak.get("engines") or [None])[0],  # the first engine's
+        "engine_capacities": peak.get("engines") or [],
     }
 
 
-EngineFactory = Callable[[], AbstractContextManager[str]]
+EngineFactory = Callable[[], AbstractContextManager[str | list[str]]]
 
 
 async def find_capacity(
-    url: str | EngineFactory,
+    url: str | list[str] | EngineFactory,
     questions: Sequence[Question],
     level: ServiceLevel,
     *,
@@ -323,7 +340,7 @@ async def find_capacity(
 ) -> dict[str, Any]:
     """Raise N from 1 until ``level`` breaks; the report carries the largest N that held.
 
-    ``url``: a running engine, or a factory of fresh ones (a context manager giving the URL), entered
+    ``url``: running engines, or a factory of fresh ones (a context manager giving their URLs), entered
     for every step: each N then starts from the same state (the memory bank grows with every turn the
     idol hears, and with it the next step's prompts).
     """
@@ -331,7 +348,7 @@ async def find_capacity(
     held: dict[str, Any] | None = None
     broke: list[str] = []
     for n in range(1, max_sessions + 1):
-        if isinstance(url, str):
+        if isinstance(url, (str, list)):
             report = await run_sessions(url, questions, n, **kwargs)
         else:
             with contextlib.ExitStack() as stack:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.bench.sessions import ServiceLevel, _session_entry, core_slices, pool, rotated
+from engine.bench.sessions import ServiceLevel, _session_entry, core_slices, pool, rotated, spread
 from engine.bench.stats import summarize
 from engine.bench.voice import Question
 
@@ -64,3 +64,19 @@ def test_each_client_process_gets_its_own_cores() -> None:
     assert core_slices(range(16), 16) == [{k} for k in range(16)]
     assert core_slices([0, 1], 4) == [{0}, {1}, {0}, {1}]  # fewer cores than processes: shared
     assert core_slices(range(5), 2) == [{0, 1}, {2, 3}]  # never two workers on one core while enough exist
+
+
+def test_sessions_spread_over_the_engines_in_turn_each_host_in_its_own_order() -> None:
+    qs = [Question(t, np.zeros(1, np.int16)) for t in "abc"]
+    plan = spread(["http://e0", "http://e1"], qs, 5, stagger_s=0.5)
+    assert [(i, url, d) for i, url, _, d in plan] == [
+        (0, "http://e0", 0.0),
+        (1, "http://e1", 0.5),
+        (2, "http://e0", 1.0),
+        (3, "http://e1", 1.5),
+        (4, "http://e0", 2.0),
+    ]
+    assert [q.text for q in plan[1][2]] == ["b", "c", "a"]
+    assert {url for _, url, _, _ in spread("http://one", qs, 3, 1.0)} == {"http://one"}
+    with pytest.raises(ValueError, match="no engine"):
+        spread([], qs, 2, 1.0)
