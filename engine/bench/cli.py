@@ -431,5 +431,8 @@ def print_table(report: dict[str, Any]) -> None:
         )
     if report.get("video_size"):
         ls = report["lipsync_offset_ms"]
-        print(f"video {report['video_size']}: fps mean {report['fps_mean']} min(1s) {report['fps_min_1s']}")
+        print(
+            f"video {report['video_size']}: fps mean {report['fps_mean']} min(1s) {report['fps_min_1s']}"
+            f" (by media time {report.get('fps_min_1s_media')})"
+        )
         print(f"lipsync_offset_ms: mean {ls['mean']} p95 {ls['p95']} n {ls['n']} (positive = video late)")

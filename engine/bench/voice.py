@@ -411,6 +411,9 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
 
     v, a = conn.video, conn.received
     report: dict[str, Any] = frame_rate(v.arrivals)
+    # The same window counted on the frames' own media times: the frames the engine sent for each second of
+    # its clock. Low here, the engine dropped frames; low only above, they arrived (or were read) bunched.
+    report["fps_min_1s_media"] = frame_rate(sorted(v.pts))["fps_min_1s"]
     report["video_size"] = list(v.size) if v.size else None
     if len(v.arrivals) < 30 or not a.pcm or not replies:
         report["lipsync_offset_ms"] = {"mean": None, "p95": None, "n": 0}
