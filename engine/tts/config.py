@@ -33,3 +33,9 @@ class TTSConfig(BaseModel):
         "others), else half the cores, at most 8 (a short clause on the H200 host: ~200 ms on 1 thread, ~90 ms "
         "on 4, ~60 ms on 8)",
     )
+    spinning: bool = Field(
+        default=False,
+        description="the voice's ONNX Runtime threads busy-wait between ops (ONNX Runtime's default) instead "
+        "of sleeping: no faster on its own, and with several threads it burns their cores while other "
+        "sessions need them (docs/PERFORMANCE.md)",
+    )

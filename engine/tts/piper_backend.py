@@ -208,9 +208,10 @@ def voice_threads(setting: int) -> int:
     return 1 if cores <= 4 else min(8, cores // 2)
 
 
-def _session_with_threads(model: Path, threads: int) -> Any:
+def _session_with_threads(model: Path, threads: int, spinning: bool = False) -> Any:
     """The voice's ONNX session (patched for alignments, as Piper does) with a bounded thread pool:
-    on a small machine the voice must not fight the LLM and the renderer for every core."""
+    on a small machine the voice must not fight the LLM and the renderer for every core. ``spinning``:
+    ONNX Runtime's own default, its pool's threads busy-wait for the next op instead of sleeping."""
     import onnx
     import onnxruntime
     from piper.patch_voice_with_alignment import add_alignment_output
@@ -220,6 +221,7 @@ def _session_with_threads(model: Path, threads: int) -> Any:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return onnxruntime.InferenceSession(
         graph.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
     )
@@ -238,7 +240,7 @@ def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
         from piper import PiperVoice
 
         voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
-        voice.session = _session_with_threads(model, voice_threads(config.threads))
+        voice.session = _session_with_threads(model, voice_threads(config.threads), config.spinning)
         speakers = int(voice.config.num_speakers)
         if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
             raise ConfigError(

@@ -167,3 +167,13 @@ def test_opening_pause_is_trimmed_without_touching_the_first_phoneme(tts: PiperT
     assert min(int(loud[0]), first_phoneme.start) == int(LEAD_KEEP_S * src.rate)
     assert src.units[0].group == -1 and first_phoneme.start == src.units[0].end
     assert src.units[-1].end == len(src.pcm) == src.counted_samples  # alignments still add up exactly
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+def test_voice_pool_sleeps_between_ops_unless_asked_to_spin(spinning: bool) -> None:
+    loaded = load_tts(TTSConfig(threads=2, spinning=spinning), silent_progress)
+    assert isinstance(loaded, PiperTTS)
+    options = loaded._voice.session.get_session_options()
+    assert options.intra_op_num_threads == 2
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
+    assert len(loaded.synthesize_blocking("Still speaking.").pcm) > 0
