@@ -2,9 +2,12 @@
 
 Pull-based like the audio track: frame ``i`` is due at ``t0 + i / fps``; its pts is
 ``round(t × 90000)`` on the *same* session clock as the audio pts. Rendering runs off
-the event loop and starts ``render_ahead_s`` before the frame is due; a frame that
-would go out more than one frame period late is dropped (the index jumps to the
-present), never queued.
+the event loop, one frame ahead: when frame ``i`` is handed over, frame ``i + 1``'s
+render starts, so it renders while aiortc encodes and sends frame ``i`` and is ready
+when aiortc asks for it (the first frame starts ``render_ahead_s`` before it is due).
+Each frame thus waits on the loop twice (its due time, its encode) instead of four
+times, which is what a busy loop's lag multiplies. A frame that would go out more than
+one frame period late is dropped (the index jumps to the present), never queued.
 
 The track also measures how long aiortc takes between handing it a frame and asking
 for the next (encode + packetize + send) — with the audio track's own figure this
@@ -13,6 +16,7 @@ gives the lip-phase compensation (see ``engine/avatar/animator.py``).
 
 from __future__ import annotations
 
+import asyncio
 import fractions
 import logging
 import math
@@ -56,6 +60,8 @@ class IdolVideoTrack(TappedTrack):
         self.sent = 0
         self.send_delay = SendDelay()
         self.extras: dict[str, VideoFrame] = {}  # other pictures of the frame returned last (see want)
+        # the next frame's render, started when the last one was handed over: (its time, the render)
+        self._ahead: tuple[float, asyncio.Task[tuple[VideoFrame, dict[str, VideoFrame]]]] | None = None
 
     def want(self, variant: str, on: bool) -> bool:
         """Ask the source for another picture of every frame (e.g. "packed" for the OBS page), or stop;
@@ -87,9 +93,8 @@ class IdolVideoTrack(TappedTrack):
             self.dropped += skip
             self._index += skip
             t = self._t0 + self._index / fps
-        await self.clock.sleep_until(t - self.render_ahead_s)
-        frame = await self.source.frame_at(t)
-        extras: dict[str, VideoFrame] = dict(getattr(self.source, "extras", {}))
+        frame, extras = await self._rendered(t)
+        self._start_ahead(self._t0 + (self._index + 1) / fps)
         await self.clock.sleep_until(t)
         self._index += 1
         self.sent += 1
@@ -100,3 +105,36 @@ class IdolVideoTrack(TappedTrack):
         now = self.clock.now()
         self.send_delay.returned(now, now - t)
         return frame
+
+    async def _render(self, t: float) -> tuple[VideoFrame, dict[str, VideoFrame]]:
+        frame = await self.source.frame_at(t)
+        return frame, dict(getattr(self.source, "extras", {}))
+
+    async def _rendered(self, t: float) -> tuple[VideoFrame, dict[str, VideoFrame]]:
+        """Frame ``t``: the render started ahead for it, else a render now. A render started for an
+        earlier time (this track fell behind) is waited out and dropped first: one render at a time,
+        in time order, as the animator and the source's ``extras`` expect."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead_t, task = ahead
+            if abs(ahead_t - t) < 1e-9:
+                return await task
+            try:
+                await task
+            except Exception:  # noqa: BLE001 - a stale frame's failure is not this frame's
+                log.debug("stale frame render failed", exc_info=True)
+        else:
+            await self.clock.sleep_until(t - self.render_ahead_s)
+        return await self._render(t)
+
+    def _start_ahead(self, t: float) -> None:
+        self._ahead = (t, asyncio.get_running_loop().create_task(self._render(t), name="video-render-ahead"))
+
+    def stop(self) -> None:
+        if self._ahead is not None:
+            task = self._ahead[1]
+            self._ahead = None
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a failed render nobody will ask for is not an error
+            task.cancel()
+        super().stop()

@@ -1,0 +1,127 @@
+"""The idol's video track renders one frame ahead (engine/transport/video_out.py), on a scripted clock.
+
+The frame source is a stand-in for the renderer (the boundary: a render that takes as long as the test
+says); the track, its pacing, its drops and its pts are the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from av import VideoFrame
+
+from engine.clock import ScriptedClock
+from engine.transport.video_out import VIDEO_CLOCK, IdolVideoTrack
+
+pytestmark = pytest.mark.unit
+
+FPS = 30
+
+
+class RecordingSource:
+    """Renders a 16×16 frame whose first pixel is the frame's index; records when each render started."""
+
+    fps = FPS
+
+    def __init__(self, clock: ScriptedClock) -> None:
+        self.clock = clock
+        self.started: list[tuple[float, float]] = []  # (frame time, clock when the render started)
+        self.busy = 0
+        self.most_busy = 0
+        self.release = asyncio.Event()
+        self.hold_at: float | None = None  # the render of this frame waits for release
+        self.fail_at: float | None = None
+
+    async def frame_at(self, t: float) -> VideoFrame:
+        self.started.append((t, self.clock.now()))
+        self.busy += 1
+        self.most_busy = max(self.most_busy, self.busy)
+        try:
+            if self.hold_at is not None and abs(t - self.hold_at) < 1e-9:
+                await self.release.wait()
+            if self.fail_at is not None and abs(t - self.fail_at) < 1e-9:
+                raise RuntimeError("render failed")
+            img = np.zeros((16, 16, 3), np.uint8)
+            img[0, 0, 0] = round(t * FPS)
+            return VideoFrame.from_ndarray(img, format="rgb24")
+        finally:
+            self.busy -= 1
+
+
+async def _pull(track: IdolVideoTrack, clock: ScriptedClock, at: float) -> VideoFrame:
+    """aiortc asks for the next frame at ``at``; the clock runs on to its due time."""
+    frame = await _pull_any(track, clock, at)
+    assert isinstance(frame, VideoFrame)
+    return frame
+
+
+async def _pull_any(track: IdolVideoTrack, clock: ScriptedClock, at: float) -> object:
+    clock.set(max(clock.now(), at))
+    task = asyncio.ensure_future(track.recv())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    while not task.done():
+        clock.advance(0.001)
+        await asyncio.sleep(0)
+    return task.result()
+
+
+def _index(frame: VideoFrame) -> int:
+    return int(frame.to_ndarray(format="rgb24")[0, 0, 0])
+
+
+async def test_the_next_frame_renders_while_this_one_is_encoded_and_comes_out_on_time() -> None:
+    clock = ScriptedClock(1.0)
+    source = RecordingSource(clock)
+    track = IdolVideoTrack(clock, source, render_ahead_s=0.02)
+    frames = [await _pull(track, clock, clock.now()) for _ in range(5)]
+    t0 = 1.0
+    assert [f.pts for f in frames] == [round((t0 + i / FPS) * VIDEO_CLOCK) for i in range(5)]
+    assert [_index(f) for f in frames] == [round((t0 + i / FPS) * FPS) for i in range(5)]
+    # the first frame is due when it is first asked for; each next one starts rendering when the one before is
+    # handed over, i.e. a whole frame period ahead of its own time
+    assert source.started[0] == pytest.approx((t0, t0))
+    for i in range(1, 6):
+        t, began = source.started[i]
+        assert t == pytest.approx(t0 + i / FPS)
+        assert began <= t0 + (i - 1) / FPS + 1e-9
+    assert source.most_busy == 1  # one render at a time
+    assert track.sent == 5 and track.dropped == 0
+    track.stop()
+
+
+async def test_behind_it_drops_the_late_frames_and_the_render_started_for_them() -> None:
+    clock = ScriptedClock(0.0)
+    source = RecordingSource(clock)
+    track = IdolVideoTrack(clock, source)
+    first = await _pull(track, clock, 0.0)
+    assert _index(first) == 0
+    # aiortc comes back 100 ms later (a stalled encode): frames 1 to 3 are gone, frame 4 is sent, rendered anew
+    late = await _pull(track, clock, 0.1 + 1e-6)
+    assert _index(late) == 4 and late.pts == round(4 / FPS * VIDEO_CLOCK)
+    assert track.dropped == 3
+    assert [round(t * FPS) for t, _ in source.started] == [0, 1, 4, 5]
+    assert source.most_busy == 1
+    track.stop()
+
+
+async def test_a_failed_render_reaches_the_sender_and_a_stopped_track_leaves_no_render_behind() -> None:
+    clock = ScriptedClock(0.0)
+    source = RecordingSource(clock)
+    track = IdolVideoTrack(clock, source)
+    source.fail_at = 1 / FPS  # the frame rendered ahead fails: the error belongs to the pull that wants it
+    await _pull(track, clock, 0.0)
+    with pytest.raises(RuntimeError, match="render failed"):
+        await _pull(track, clock, clock.now())
+    source.fail_at = None
+    source.hold_at = 2 / FPS  # frame 1 is rendered anew; frame 2's render, started ahead, hangs
+    again = await _pull(track, clock, 1 / FPS)
+    assert _index(again) == 1 and track.dropped == 0
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert source.busy == 1 and track._ahead is not None
+    track.stop()  # the session ends: the render started ahead is cancelled, not left running
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert source.busy == 0 and track._ahead is None
