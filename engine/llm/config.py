@@ -41,6 +41,12 @@ class LLMConfig(BaseModel):
         description="llama.cpp: CPU threads for prefill (prompt) batches; 0 = auto (all cores up to 4). "
         "`threads` is then the decode threads",
     )
+    weight_repack: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="llama.cpp: repack the weights into its CPU-specific buffers (AMX, AVX-512/AVX2 tiles) "
+        "at load; 'auto' = off on CPUs with AMX, where llama.cpp's AMX buffer crashes the process in its "
+        "first matrix product (llama.cpp issue 20824), on elsewhere",
+    )
     context_size: int = Field(
         2048,
         ge=256,

@@ -91,6 +91,48 @@ def prefill_threads(setting: int) -> int:
     return setting if setting > 0 else max(1, min(4, _cores()))
 
 
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU reports Intel AMX (Sapphire Rapids and later): llama.cpp then repacks weights into
+    its AMX buffer, whose matrix product segfaulted here on the bundled Q4_1 model's first decode."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_int8" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def use_weight_repack(setting: str) -> bool:
+    """``llm.weight_repack``: llama.cpp's extra buffer types (AMX, repacked CPU tiles) on or off."""
+    if setting == "auto":
+        return not cpu_has_amx()
+    return setting == "on"
+
+
+_DEFAULTS_LOCK = threading.Lock()  # llama_model_default_params is swapped while one model loads
+
+
+def load_llama(llama_cpp: Any, repack: bool, **kwargs: Any) -> Any:
+    """``llama_cpp.Llama(**kwargs)`` with ``use_extra_bufts = repack``: llama-cpp-python's constructor has
+    no argument for it and reads llama.cpp's defaults, so those are swapped while it loads."""
+    module = llama_cpp.llama_cpp
+    with _DEFAULTS_LOCK:
+        original = module.llama_model_default_params
+
+        def defaults() -> Any:
+            params = original()
+            params.use_extra_bufts = repack
+            return params
+
+        module.llama_model_default_params = defaults
+        try:
+            return llama_cpp.Llama(**kwargs)
+        finally:
+            module.llama_model_default_params = original
+
+
 def gguf_path(source: ModelSource) -> Path:
     if source.kind != "gguf" or source.gguf_file is None:
         raise LLMError(
@@ -178,10 +220,13 @@ class LlamaCppLLM:
         check_gguf(self.path)
         self.threads = decode_threads(self.config.threads)
         self.prefill_threads = prefill_threads(self.config.prefill_threads)
+        self.weight_repack = use_weight_repack(self.config.weight_repack)
         progress("llm", f"loading {self.path.name} with llama.cpp ({self.threads} threads)", 0.0)
         start = time.perf_counter()
         try:
-            self.llama = llama_cpp.Llama(
+            self.llama = load_llama(
+                llama_cpp,
+                self.weight_repack,
                 model_path=str(self.path),
                 n_ctx=self.config.context_size,
                 n_batch=PREFILL_CHUNK,

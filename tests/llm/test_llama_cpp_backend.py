@@ -12,7 +12,7 @@ import pytest
 from engine.llm.base import LLMError, ScoredStreamer, TurnEndScorer
 from engine.llm.config import LLMConfig
 from engine.llm.factory import load_llm, resolve_backend
-from engine.llm.llama_cpp_backend import LlamaCppLLM
+from engine.llm.llama_cpp_backend import LlamaCppLLM, cpu_has_amx, use_weight_repack
 from engine.llm.sampling import Sampler, banned_by_ngrams
 from engine.llm.streaming import CHANNEL_PIECES, CallStats
 from tests.llm.conftest import chat, collect, first_pieces
@@ -245,6 +245,30 @@ def test_a_corrupt_gguf_is_refused_naming_the_file(tmp_path: Path, content: byte
     bad.write_bytes(content)
     with pytest.raises(LLMError, match="broken-model.gguf"):
         LlamaCppLLM(LLMConfig(backend="llama.cpp", model=str(bad)))  # type: ignore[call-arg]
+
+
+def test_weight_repack_is_off_by_default_on_amx_cpus(tmp_path: Path) -> None:
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n\n")
+    zen = tmp_path / "zen"
+    zen.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n\n")
+    assert cpu_has_amx(str(amx)) and not cpu_has_amx(str(zen))
+    assert not cpu_has_amx(str(tmp_path / "missing"))
+    assert use_weight_repack("auto") is not cpu_has_amx()
+    assert use_weight_repack("on") and not use_weight_repack("off")
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+async def test_the_model_loads_with_the_chosen_weight_repack_and_decodes(setting: str) -> None:
+    import llama_cpp
+
+    if setting == "on" and cpu_has_amx():
+        pytest.skip("llama.cpp's AMX weight buffer crashes on this CPU (the reason 'auto' turns it off)")
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+    llm = LlamaCppLLM(LLMConfig(backend="llama.cpp", weight_repack=setting, max_new_tokens=4))  # type: ignore[call-arg]
+    assert llm.llama.model_params.use_extra_bufts is (setting == "on")
+    assert llama_cpp.llama_cpp.llama_model_default_params is defaults  # swapped back after the load
+    assert await llm.end_of_turn_probability(chat("What is your favorite color?")) > 0.0  # a real decode
 
 
 def test_sampler_controls() -> None:
