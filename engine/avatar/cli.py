@@ -7,7 +7,7 @@ import sys
 from typing import Protocol
 
 from engine.avatar.config import AvatarConfig
-from engine.avatar.profiles import resolve_profile
+from engine.avatar.delivery import resolve_profile
 
 
 class _HasAvatar(Protocol):
@@ -20,7 +20,11 @@ def cmd_build_trt(args: argparse.Namespace, settings: _HasAvatar) -> int:
     from engine.avatar.backends.base import BackendUnavailable
     from engine.avatar.backends.tensorrt import build_trt_plans
 
-    profiles = args.profiles.split(",") if args.profiles else [resolve_profile(settings.avatar.profile)]
+    profiles = (
+        args.profiles.split(",")
+        if args.profiles
+        else [resolve_profile(settings.avatar.profile, settings.avatar.character)]
+    )
     batches = [int(b) for b in args.batches.split(",")]
     print(f"building TensorRT plans for {profiles} × batch {batches} ({args.precision}) into {args.out}/ ...")
     try:

@@ -11,23 +11,6 @@ PROFILES: dict[str, tuple[int, int]] = {
 }
 
 
-AUTO_CPU_CORES = 8  # fewer cores and no GPU: 720p at 30 fps does not fit beside the voice pipeline
-
-
-def resolve_profile(profile: str) -> str:
-    """A concrete profile for ``avatar.profile``: 'auto' is 720p with a CUDA GPU or 8+ cores, else 360p
-    (on 2 cores a 720p frame costs ~15-25 ms to render plus ~13 ms to encode: the idol would stutter)."""
-    if profile != "auto":
-        return profile
-    import os
-
-    import torch
-
-    if torch.cuda.is_available() or (os.cpu_count() or 1) >= AUTO_CPU_CORES:
-        return "720p"
-    return "360p"
-
-
 def profile_size(profile: str | tuple[int, int]) -> tuple[int, int]:
     """(width, height) of a named profile, or the pair itself."""
     if isinstance(profile, tuple):

@@ -45,9 +45,10 @@ log = logging.getLogger(__name__)
 
 
 # Prior costs: ms of one core per second of media while a session talks (voice) or streams (video),
-# from docs/PERFORMANCE.md and FIELD-NOTES.md (2-core machine: VP8 720p 13 ms/frame, RGB→yuv420p 5 ms,
-# CPU render 13.9 ms at 720p; the bundled LLM on 2 cores keeps about one core busy while it generates).
-PRIOR_VIDEO_MS_PER_FRAME_720P = {"render": 13.9, "convert": 5.0, "encode": 13.0}
+# from docs/PERFORMANCE.md (2-core machine, `idolcast bench --render`'s delivery rows at 720p, the upper
+# end of six runs: CPU render 5.1 ms, RGBA -> I420 of the damaged boxes 1.0 ms, aiortc's VP8 6.8 ms a
+# frame; the bundled LLM on 2 cores keeps about one core busy while it generates).
+PRIOR_VIDEO_MS_PER_FRAME_720P = {"render": 5.1, "convert": 1.0, "encode": 6.8}
 PRIOR_VOICE_MS_PER_S = {"llm": 450.0, "asr": 80.0, "tts": 90.0, "vad": 10.0, "loop": 30.0}
 PRIOR_GPU_GIB_PER_SESSION = 0.25
 PRIOR_LOOP_CORES_PER_SESSION = {"voice": 0.03, "video": 0.03}  # RTP in and out, pacing, events
@@ -64,9 +65,10 @@ def prior_costs(settings: Any) -> dict[str, float]:
     if str(getattr(settings.asr, "device", "")).startswith("cuda"):
         costs["asr"] = 0.01
     if settings.avatar.enabled:
-        from engine.avatar.profiles import profile_size, resolve_profile
+        from engine.avatar.profiles import profile_size
 
-        w, h = profile_size(resolve_profile(str(settings.avatar.profile)))
+        profile = str(settings.avatar.profile)  # 'auto' until the engine has measured: assume the larger
+        w, h = profile_size("720p" if profile == "auto" else profile)
         scale = (w * h) / PIXELS_720P
         per_frame = dict(PRIOR_VIDEO_MS_PER_FRAME_720P)
         if "cuda" in str(settings.avatar.backend):

@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from engine.avatar.delivery import resolve_profile
 from engine.avatar.live import RenderPool, renderer_factory
-from engine.avatar.profiles import resolve_profile
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
@@ -135,7 +135,8 @@ class Engine:
         self.on_session_closed: list[SessionHook] = []
         self.render_pool: RenderPool | None = None
         if settings.avatar.enabled:
-            settings.avatar.profile = resolve_profile(settings.avatar.profile)  # type: ignore[assignment]
+            if models is not None:  # handed loaded models: ready now ('auto' measures here, once a process)
+                self._resolve_profile()
             self.render_pool = RenderPool(renderer_factory(settings.avatar))
 
     # ---- loading -----------------------------------------------------------------------------
@@ -152,6 +153,10 @@ class Engine:
         if self.models is None:
             self._owner.spawn(self._load(), "load-models")
 
+    def _resolve_profile(self) -> None:
+        avatar = self.settings.avatar
+        avatar.profile = resolve_profile(avatar.profile, avatar.character)  # type: ignore[assignment]
+
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
 
@@ -161,6 +166,9 @@ class Engine:
         try:
             self.models = await asyncio.to_thread(load_models, self.settings, progress)
             if self.render_pool is not None:
+                if self.settings.avatar.profile == "auto":
+                    self._progress("avatar", "measuring what 720p video costs here (avatar.profile = auto)")
+                    await asyncio.to_thread(self._resolve_profile)
                 self._progress("avatar", f"preparing the character at {self.settings.avatar.profile}")
                 await self.render_pool.prepare(self.settings.avatar.profile)
             if self.settings.persona.enabled:

@@ -11,9 +11,10 @@ import torch
 
 from engine.avatar.backends import BackendUnavailable, FrameBackend, select_backend
 from engine.avatar.backends.tensorrt import build_trt_plans, find_plans
+from engine.avatar.delivery import speaking_params
 from engine.avatar.generator import rest_params, to_uint8
 from engine.avatar.loaders import load_character
-from engine.bench.render_frames import run_render_bench, speaking_params
+from engine.bench.render_frames import run_render_bench
 from tests.avatar.conftest import generator
 
 

@@ -12,12 +12,12 @@ from PIL import Image
 
 from engine.avatar.backends.torch_cpu import TorchBackend
 from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage
+from engine.avatar.delivery import speaking_params
 from engine.avatar.features import GAZE_X
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
 from engine.avatar.loaders import load_character
 from engine.avatar.params import INDEX, NUM_PARAMS
 from engine.avatar.picture import Compositor
-from engine.bench.render_frames import speaking_params
 from tests.avatar.conftest import generator
 from tests.avatar.test_golden import CASES, GOLDEN, MAX_DIFF, MEAN_DIFF
 
