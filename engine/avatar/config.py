@@ -11,7 +11,9 @@ class AvatarConfig(BaseModel):
     backend: Literal["auto", "torch", "cuda-graph", "onnxruntime", "tensorrt"] = "auto"
     profile: Literal["auto", "720p", "1080p", "portrait", "square", "360p"] = Field(
         "auto",
-        description="output size; 'auto' = 720p with a CUDA GPU or 8+ cores, 360p on smaller CPU machines",
+        description="output size; 'auto' = 720p with a CUDA GPU or 8+ cores; on a smaller CPU machine the "
+        "engine measures one 720p stream at start and takes 720p if it costs at most a quarter of the cores "
+        "(the 2-core development machine: yes), else 360p",
     )
     articulation_lead_ms: float = Field(20.0, ge=-100, le=200, description="lips lead the sound by this")
     packed_alpha: bool = Field(
