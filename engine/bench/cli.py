@@ -433,6 +433,6 @@ def print_table(report: dict[str, Any]) -> None:
         ls = report["lipsync_offset_ms"]
         print(
             f"video {report['video_size']}: fps mean {report['fps_mean']} min(1s) {report['fps_min_1s']}"
-            f" (by media time {report.get('fps_min_1s_media')})"
+            f" (by media time {report.get('fps_min_1s_media')}, by packet arrival {report.get('fps_min_1s_network')})"
         )
         print(f"lipsync_offset_ms: mean {ls['mean']} p95 {ls['p95']} n {ls['n']} (positive = video late)")

@@ -183,6 +183,32 @@ class SenderReports:
         return float(np.median([ntp - pts(rtp) / rate for ntp, rtp in pairs]))
 
 
+@dataclass
+class FrameArrivals:
+    """When each video frame's last RTP packet (the marker bit) reached the client, on the bench's clock.
+
+    ``ReceivedVideo.arrivals`` are the times frames came out of the client's decoder; on the 2-core machine the
+    client decodes 720p beside the engine, so a busy second there bunches frames the network delivered on
+    time. These times are the network's delivery, before the decoder: what a viewer on its own machine gets.
+    """
+
+    clock: Clock
+    times: list[float] = field(default_factory=list)
+
+    def attach(self, pc: Any) -> None:
+        for receiver in pc.getReceivers():
+            if receiver.track is None or receiver.track.kind != "video":
+                continue
+            original = receiver._handle_rtp_packet
+
+            async def noting(packet: Any, arrival_time_ms: int, original: Any = original) -> None:
+                if packet.marker:
+                    self.times.append(self.clock.now())
+                await original(packet, arrival_time_ms)
+
+            receiver._handle_rtp_packet = noting
+
+
 def receiver_timeline(arrivals: list[float], media_s: list[float]) -> float:
     """The constant delay that puts media time on the receiver's clock (10th percentile)."""
     d = np.asarray(arrivals) - np.asarray(media_s)

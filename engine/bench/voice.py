@@ -18,7 +18,14 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from engine.asr.wer import word_error_rate
 from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
 from engine.bench.stats import summarize
-from engine.bench.video import ReceivedVideo, SenderReports, frame_rate, receiver_timeline, record_video
+from engine.bench.video import (
+    FrameArrivals,
+    ReceivedVideo,
+    SenderReports,
+    frame_rate,
+    receiver_timeline,
+    record_video,
+)
 from engine.clock import MediaClock
 from engine.server.capacity import LoopLag
 from engine.server.credentials import read_host_token
@@ -119,6 +126,7 @@ class EngineConnection:
         self._owner = TaskOwner("bench")
         self.video = ReceivedVideo()
         self.sender_reports = SenderReports()
+        self.frame_arrivals = FrameArrivals(clock)
         self.character = character
         self.session_id = ""
         self._http: aiohttp.ClientSession | None = None
@@ -149,6 +157,7 @@ class EngineConnection:
         self.session_id = body["session_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
         self.sender_reports.attach(self.pc)
+        self.frame_arrivals.attach(self.pc)
         self._owner.spawn(self._read_events(), "events")
         for _ in range(200):
             if self.pc.connectionState == "connected":
@@ -414,6 +423,9 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
     # The same window counted on the frames' own media times: the frames the engine sent for each second of
     # its clock. Low here, the engine dropped frames; low only above, they arrived (or were read) bunched.
     report["fps_min_1s_media"] = frame_rate(sorted(v.pts))["fps_min_1s"]
+    # ... and on the arrival of each frame's last packet, before the client's decoder: low only in the first
+    # figure, the client (decoding on the same cores as the engine) read them late.
+    report["fps_min_1s_network"] = frame_rate(conn.frame_arrivals.times)["fps_min_1s"]
     report["video_size"] = list(v.size) if v.size else None
     if len(v.arrivals) < 30 or not a.pcm or not replies:
         report["lipsync_offset_ms"] = {"mean": None, "p95": None, "n": 0}

@@ -73,3 +73,65 @@ def test_silences_inside_replies_are_counted_per_reply() -> None:
     ]
     assert silences_in_replies(turns) == {"replies": 2, "of": 3, "silences": 3, "longest_ms": 757.0}
     assert silences_in_replies([TurnResult("a")])["longest_ms"] is None
+
+
+async def test_frame_arrivals_note_each_frame_s_last_packet_before_the_decoder() -> None:
+    """A real aiortc pair: a 30 fps track of noisy 640x480 frames (many RTP packets each); the receiver's
+    FrameArrivals notes one arrival per frame (not per packet), paced like the frames."""
+    import asyncio
+
+    import numpy as np
+    from aiortc import RTCPeerConnection, VideoStreamTrack
+    from av import VideoFrame
+
+    from engine.bench.video import FrameArrivals
+    from tests.engine.test_ice import connect_pair
+
+    class Noise(VideoStreamTrack):
+        async def recv(self) -> VideoFrame:
+            pts, time_base = await self.next_timestamp()
+            pixels = np.random.default_rng(pts).integers(0, 255, (480, 640, 3), dtype=np.uint8)
+            frame = VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts, frame.time_base = pts, time_base
+            return frame
+
+    clock = MediaClock()
+    sender, receiver = RTCPeerConnection(), RTCPeerConnection()
+    arrivals = FrameArrivals(clock)
+    packets: list[int] = []
+    decoded: list[float] = []
+    readers: list[asyncio.Task[None]] = []
+    sender.addTrack(Noise())
+
+    @receiver.on("track")
+    def on_track(track: object) -> None:
+        async def read() -> None:
+            while True:
+                await track.recv()  # type: ignore[attr-defined]
+                decoded.append(clock.now())
+
+        readers.append(asyncio.ensure_future(read()))
+
+    try:
+        assert await connect_pair(sender, receiver) == "connected/connected"
+        arrivals.attach(receiver)
+        (video,) = [r for r in receiver.getReceivers() if r.track.kind == "video"]
+        counted = video._handle_rtp_packet
+
+        async def counting(packet: object, arrival_time_ms: int) -> None:
+            packets.append(1)
+            await counted(packet, arrival_time_ms)
+
+        video._handle_rtp_packet = counting
+        await asyncio.sleep(2.0)
+    finally:
+        for task in readers:
+            task.cancel()
+        await sender.close()
+        await receiver.close()
+    n = len(arrivals.times)
+    assert n >= 30, n  # ~30 fps for ~2 s
+    assert len(packets) > 3 * n  # frames of several packets each ...
+    assert abs(n - len(decoded)) <= 3  # ... counted once each, like the decoder's frames
+    assert arrivals.times == sorted(arrivals.times)
+    assert 20 <= float(np.median(np.diff(arrivals.times))) * 1000 <= 50  # paced at ~33 ms
