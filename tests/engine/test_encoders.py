@@ -45,6 +45,37 @@ def test_aiortc_vp8_encoder_takes_the_policy() -> None:
         install(EncoderPolicy())
 
 
+def test_aiortc_vp8_encoder_runs_without_its_denoiser_and_its_frames_decode() -> None:
+    install()
+    rng = np.random.default_rng(0)
+    encoder, decoder = vpx.Vp8Encoder(), vpx.Vp8Decoder()
+    picture = rng.integers(0, 255, (360 * 3 // 2, 640), dtype=np.uint8)
+    decoded = 0
+    for i in range(3):
+        frame = VideoFrame.from_ndarray(picture, format="yuv420p")
+        frame.pts, frame.time_base = i * 3000, fractions.Fraction(1, 90000)
+        payloads, _ = encoder.encode(frame, force_keyframe=i == 0)
+        assert payloads
+        assert encoder.codec is not None
+        given = encoder.codec.given_options
+        assert given["noise-sensitivity"] == "0" and given["deadline"] == "realtime"  # aiortc's own stay
+        assert (
+            "noise-sensitivity" not in encoder.codec.options
+        )  # libvpx took it (it keeps what it does not know)
+    # the encoder's output is plain VP8: aiortc's own decoder reads it back (depayloaded by libvpx here)
+    from aiortc.codecs.vpx import vp8_depayload
+    from aiortc.jitterbuffer import JitterFrame
+
+    frame = VideoFrame.from_ndarray(picture, format="yuv420p")
+    frame.pts, frame.time_base = 9000, fractions.Fraction(1, 90000)
+    payloads, ts = encoder.encode(frame, force_keyframe=True)
+    data = b"".join(vp8_depayload(p) for p in payloads)
+    for out in decoder.decode(JitterFrame(data=data, timestamp=ts)):
+        assert (out.width, out.height) == (640, 360)
+        decoded += 1
+    assert decoded == 1
+
+
 def test_the_executor_has_room_for_every_sessions_encoders() -> None:
     assert encoders.executor_workers(16, cores=16) == 16 + 4 * 16
     assert encoders.executor_workers(1, cores=2) == 6  # asyncio's own size on 2 cores
