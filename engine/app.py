@@ -18,7 +18,7 @@ from aiohttp import web
 
 from engine.config import Settings
 from engine.models import EngineModels
-from engine.native import preload_native_modules
+from engine.native import preload_native_modules, set_model_nice
 from engine.server.app import ENGINE_KEY, PEERS_KEY, create_server_app
 from engine.server.credentials import HOST_TOKEN_FILE, CredentialError, Credentials
 from engine.server.drain import serve_until_signalled
@@ -76,6 +76,7 @@ def serve(settings: Settings) -> int:
     # Every session's pacing waits on the event loop, which shares the GIL with the encoders', render's and
     # models' threads: at Python's 5 ms it woke ~100 ms late with 16 sessions (docs/PERFORMANCE.md).
     sys.setswitchinterval(settings.server.gil_switch_ms / 1000.0)
+    set_model_nice(settings.server.model_nice)  # before any model loads (engine/native.py)
     host, port = settings.server.host, settings.server.port
     try:
         credentials, created = Credentials.from_settings(

@@ -73,6 +73,14 @@ class ServerConfig(BaseModel):
         description="how long a Python thread may hold the GIL while others wait (Python's own: 5 ms); "
         "1 ms kept the event loop on time on 2 cores but made 8 sessions on the H200 host 1.8x slower",
     )
+    model_nice: int = Field(
+        5,
+        ge=0,
+        le=19,
+        description="how much nicer the models' threads (ASR, LLM, Piper and their runtimes' pools) run than "
+        "the event loop, the render thread and the encoders, so frames keep their deadlines on a full machine "
+        "(0 = the same)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     host_token: str = Field(
         "",

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +32,41 @@ def preload_native_modules() -> None:
             importlib.import_module(name)
         except ImportError as e:  # the stage that needs it reports this when it loads
             log.debug("could not preload %s: %s", name, e)
+
+
+# ---- models run nicer than media --------------------------------------------------------------------------
+#
+# A frame has a deadline every 33 ms; a model's work (the ASR's decode, the LLM's prefill and decode, Piper)
+# has a budget of a few hundred ms. On a full machine the kernel shares the cores by the threads' nice values,
+# so the model threads run ``server.model_nice`` steps nicer than the event loop, the render thread and the
+# encoders: when everything wants a core at the end of a turn, the frame goes first (on the 2-core machine the
+# engine otherwise dropped a few frames as late in that second). Raising a thread's nice needs no privilege.
+# A native runtime's own worker threads (llama.cpp's and CTranslate2's OpenMP teams, ONNX Runtime's pool)
+# inherit the nice of the thread that starts them, so models load and run in model threads only.
+
+_model_nice = 0
+_thread = threading.local()
+
+
+def set_model_nice(nice: int) -> None:
+    """How much nicer model threads run (0: as nice as the rest). Set once at start, before models load."""
+    global _model_nice
+    _model_nice = max(0, min(19, int(nice)))
+
+
+def as_model_thread() -> None:
+    """Make the calling thread a model thread: ``server.model_nice`` steps nicer (once per thread; Linux,
+    where a thread's nice is its own; elsewhere nothing). Threads it starts from now on inherit it."""
+    if _model_nice <= 0 or getattr(_thread, "niced", False) or not hasattr(os, "setpriority"):
+        return
+    _thread.niced = True
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _model_nice))
+    except OSError as e:  # pragma: no cover - a sandbox that forbids it
+        log.debug("could not lower thread %d's priority: %s", tid, e)
+
+
+def model_executor(workers: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads are model threads (:func:`as_model_thread`)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=as_model_thread)

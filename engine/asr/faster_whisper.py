@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from engine.asr.config import ASRConfig
 from engine.asr.stream import SpeculativeStream
 from engine.asr.whisper_decoder import Decode, WhisperDecoder
+from engine.native import model_executor
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ class FasterWhisperASR:
     def __init__(self, decoder: WhisperDecoder, name: str = "whisper") -> None:
         self.decoder = decoder
         self.name = name
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")  # partials
-        self.final_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-final")
+        self.executor = model_executor(1, "asr")  # partials
+        self.final_executor = model_executor(1, "asr-final")
 
     @classmethod
     def load(cls, config: ASRConfig) -> FasterWhisperASR:

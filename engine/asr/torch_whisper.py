@@ -25,7 +25,6 @@ import queue
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from engine.asr.config import ASRConfig
 from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
 from engine.asr.stream import SpeculativeStream
 from engine.asr.trim import loud_bounds
+from engine.native import model_executor
 
 log = logging.getLogger(__name__)
 
@@ -315,9 +315,9 @@ class TorchWhisperASR:
         self.name = name
         # partials on one thread (one lane at most), speculations and finals on the others: a partial in
         # flight never holds a final back while a lane is free
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        self.executor = model_executor(1, "asr")
         finals = max(1, len(decoder.lanes) - 1)
-        self.final_executor = ThreadPoolExecutor(max_workers=finals, thread_name_prefix="asr-final")
+        self.final_executor = model_executor(finals, "asr-final")
 
     @classmethod
     def load(cls, config: ASRConfig) -> TorchWhisperASR:

@@ -51,6 +51,7 @@ from engine.llm.streaming import (
     sample_reply,
 )
 from engine.llm.turn_end import split_at_last_message
+from engine.native import model_executor
 from engine.progress import Progress, silent_progress
 
 log = logging.getLogger(__name__)
@@ -241,6 +242,9 @@ class LlamaCppLLM:
             raise LLMError(f"llm.model: llama.cpp could not load {self.path}: {e}") from e
         self.load_s = time.perf_counter() - start
         self._internals = _internals
+        # prewarm and the end-of-turn score run here (model threads, not the loop's executor, where aiortc
+        # encodes); a reply streams from a model thread of its own
+        self._jobs = model_executor(max(1, self.config.contexts), "llm-job")
         memory = self.llama._ctx.memory  # None for a model without a KV cache
         self.can_shift = memory is not None and bool(llama_cpp.llama_memory_can_shift(memory))
         self.n_ctx = self.llama.n_ctx()
@@ -287,13 +291,15 @@ class LlamaCppLLM:
         return WorkerStream(functools.partial(self._worker, list(messages), cache_key, scored=scored))
 
     async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
-        return int(await run_stoppable(None, functools.partial(self._prewarm, list(messages), cache_key)))
+        return int(
+            await run_stoppable(self._jobs, functools.partial(self._prewarm, list(messages), cache_key))
+        )
 
     async def end_of_turn_probability(
         self, messages: list[ChatMessage], cache_key: str | None = None
     ) -> float:
         job = functools.partial(self._end_of_turn, list(messages), cache_key)
-        return float(await run_stoppable(None, job))
+        return float(await run_stoppable(self._jobs, job))
 
     def describe(self) -> str:
         return (
@@ -319,6 +325,7 @@ class LlamaCppLLM:
         for c in extra:
             c.ctx.close()
             c.batch.close()
+        self._jobs.shutdown(wait=False, cancel_futures=True)
         self.llama.close()
 
     # ---- prompt ---------------------------------------------------------------------------

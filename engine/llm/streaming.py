@@ -17,6 +17,8 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from engine.native import as_model_thread
+
 L = TypeVar("L")  # a backend's logits row (torch tensor, numpy array)
 
 WORKER_JOIN_S = 5.0  # aclose waits this long at most (a stop lands within one forward pass)
@@ -155,7 +157,7 @@ class WorkerStream:
                 self._pool.submit(self._work, self._chan)
             else:
                 self.thread = threading.Thread(
-                    target=self._work, args=(self._chan,), name=self._name, daemon=True
+                    target=_as_model_thread(self._work), args=(self._chan,), name=self._name, daemon=True
                 )
                 self.thread.start()
         try:
@@ -250,6 +252,14 @@ def sample_reply(
             stats.stop_reason = "cancelled"
             break
         logits = feed(token)
+
+
+def _as_model_thread(work: Work) -> Work:
+    def run(chan: PieceChannel) -> None:
+        as_model_thread()  # its own thread: a model thread, and llama.cpp's OpenMP team it starts too
+        work(chan)
+
+    return run
 
 
 async def run_stoppable(pool: Executor | None, job: Callable[[threading.Event], Any]) -> Any:

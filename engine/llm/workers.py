@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from engine.native import model_executor
+
 WARM_TIMEOUT_S = 120.0
 
 
@@ -19,7 +21,7 @@ def warmed_pool(workers: int, warm: Callable[[], None], name: str = "llm-decode"
     """A pool of exactly ``workers`` started threads, each of which has run ``warm`` once (blocking)."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    pool = model_executor(workers, name)
     barrier = threading.Barrier(workers, timeout=WARM_TIMEOUT_S)
 
     def one() -> None:

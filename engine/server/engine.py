@@ -17,6 +17,7 @@ from engine.avatar.live import RenderPool, renderer_factory
 from engine.config import Settings
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
+from engine.native import model_executor
 from engine.server.capacity import CapacityMonitor
 from engine.session.face import attach_avatar
 from engine.session.session import Session
@@ -164,7 +165,12 @@ class Engine:
             loop.call_soon_threadsafe(self._progress, stage, message, fraction)
 
         try:
-            self.models = await asyncio.to_thread(load_models, self.settings, progress)
+            # in a model thread: the runtimes' own pools, started as they load, inherit its priority
+            loader = model_executor(1, "load")
+            try:
+                self.models = await loop.run_in_executor(loader, load_models, self.settings, progress)
+            finally:
+                loader.shutdown(wait=False)
             if self.render_pool is not None:
                 if self.settings.avatar.profile == "auto":
                     self._progress("avatar", "measuring what 720p video costs here (avatar.profile = auto)")

@@ -14,7 +14,6 @@ import functools
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ConfigError
+from engine.native import model_executor
 from engine.progress import Progress, timed
 from engine.tts import alignment
 from engine.tts.base import OUTPUT_RATE, TTS, Synthesis
@@ -90,7 +90,7 @@ class PiperTTS:
         base_scale = float(voice.config.length_scale or 1.0)
         self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
         self.has_alignments = len(voice.session.get_outputs()) > 1
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="piper")
+        self._executor = model_executor(1, "piper")
         self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
 
     @property

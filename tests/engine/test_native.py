@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -40,3 +41,78 @@ def test_a_users_own_wait_policy_is_kept() -> None:
     environ = {"KMP_BLOCKTIME": "200"}
     quiet_thread_pools(environ)
     assert environ == {"KMP_BLOCKTIME": "200", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def _nice(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.fixture
+def model_nice() -> Iterator[int]:
+    from engine import native
+
+    native.set_model_nice(5)
+    try:
+        yield 5
+    finally:
+        native.set_model_nice(0)
+
+
+def test_model_threads_run_nicer_and_the_threads_they_start_too(model_nice: int) -> None:
+    import threading
+
+    from engine.native import model_executor
+
+    base = _nice(threading.get_native_id())
+    seen: dict[str, int] = {}
+
+    def child() -> None:
+        seen["child"] = _nice(threading.get_native_id())
+
+    def job() -> None:
+        seen["model"] = _nice(threading.get_native_id())
+        t = threading.Thread(target=child)  # as a native runtime's own pool starts from it
+        t.start()
+        t.join()
+
+    pool = model_executor(1, "test-model")
+    try:
+        pool.submit(job).result()
+        pool.submit(job).result()  # once per thread: not nicer again
+    finally:
+        pool.shutdown()
+    other = threading.Thread(target=lambda: seen.__setitem__("other", _nice(threading.get_native_id())))
+    other.start()
+    other.join()
+    assert seen == {"model": base + model_nice, "child": base + model_nice, "other": base}
+    assert _nice(threading.get_native_id()) == base  # the caller (the event loop's thread) untouched
+
+
+async def test_llama_cpp_decodes_in_model_threads_with_its_own_workers(model_nice: int) -> None:
+    """The bundled GGUF on llama.cpp: its prewarm, its reply stream and the OpenMP workers they start run
+    nicer than the loop's thread; the loop's default executor (aiortc's encoders) is left as it is."""
+    import asyncio
+    import threading
+
+    from engine.llm.config import LLMConfig
+    from engine.llm.llama_cpp_backend import LlamaCppLLM
+
+    def niced() -> set[int]:
+        tids = {int(t) for t in os.listdir("/proc/self/task")}
+        return {t for t in tids if _nice(t) == base + model_nice}
+
+    base = _nice(threading.get_native_id())
+    before = niced()
+    llm = LlamaCppLLM(LLMConfig(backend="llama.cpp", max_new_tokens=4, prefill_threads=2))  # type: ignore[call-arg]
+    try:
+        messages = [{"role": "user", "content": "Say hi."}]
+        await llm.prewarm(messages, cache_key="a")  # type: ignore[arg-type]
+        async for _ in llm.stream(messages, cache_key="a"):  # type: ignore[arg-type]
+            pass
+        after = niced()
+        assert len(after - before) >= 2, (before, after)  # its job thread, the stream's, their OpenMP team
+        executor_tid = await asyncio.get_running_loop().run_in_executor(None, threading.get_native_id)
+        assert _nice(executor_tid) == base
+        assert _nice(threading.get_native_id()) == base
+    finally:
+        llm.close()
