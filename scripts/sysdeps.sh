@@ -4,7 +4,7 @@
 # Otherwise: says what is missing and stops (IDOLCAST_SKIP_SYSDEPS=1 goes on; the tests that
 # need a missing part are then skipped, and listed as such at the end of the run).
 set -uo pipefail
-PKGS=(chromium mosquitto ffmpeg gstreamer1.0-tools gstreamer1.0-plugins-bad postgresql coturn)
+PKGS=(chromium mosquitto mosquitto-clients ffmpeg gstreamer1.0-tools gstreamer1.0-plugins-bad postgresql coturn)
 PG_ROLE=${IDOLCAST_TEST_PG_ROLE:-idolcast}
 PG_DB=${IDOLCAST_TEST_PG_DB:-idolcast_test}
 
