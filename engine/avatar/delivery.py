@@ -4,7 +4,7 @@
 through the same steps a live session's frame takes (the backend's render at batch 1, the compositor's
 damage-aware conversion, aiortc's own encoder under the engine's thread policy) and reads this process's
 CPU time around each step. ``idolcast bench --render`` reports it per profile; ``avatar.profile = "auto"``
-(:mod:`engine.avatar.profiles`) measures 720p with it on small CPU machines before choosing.
+(:func:`resolve_profile`, below) measures 720p with it on small CPU machines before choosing.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def choose_auto_profile(cores: int, gpu: bool, measure_720p: Callable[[], Delive
     """``(profile, why)`` for ``avatar.profile = "auto"``. A CUDA GPU or :data:`AUTO_CPU_CORES` cores take
     720p at once. A smaller CPU machine measures one 720p stream (``measure_720p``) and takes 720p when
     it costs at most :data:`AUTO_720P_SHARE` of its cores, so the voice pipeline keeps the rest: on the
-    2-core development machine 720p costs 0.3-0.4 of a core (docs/PERFORMANCE.md); a machine two or three
+    2-core development machines 720p costs 0.2-0.4 of a core (docs/PERFORMANCE.md); a machine two or three
     times slower per core, or a single core, gets 360p."""
     if gpu:
         return "720p", "a CUDA GPU renders"
