@@ -98,8 +98,14 @@ async def test_llama_cpp_decodes_in_model_threads_with_its_own_workers(model_nic
     from engine.llm.llama_cpp_backend import LlamaCppLLM
 
     def niced() -> set[int]:
-        tids = {int(t) for t in os.listdir("/proc/self/task")}
-        return {t for t in tids if _nice(t) == base + model_nice}
+        found: set[int] = set()
+        for t in (int(t) for t in os.listdir("/proc/self/task")):
+            try:  # a thread may end between the listing and the look (another test's pool winding down)
+                if _nice(t) == base + model_nice:
+                    found.add(t)
+            except ProcessLookupError:
+                continue
+        return found
 
     base = _nice(threading.get_native_id())
     before = niced()
