@@ -5,11 +5,16 @@ from collections.abc import MutableMapping
 
 __version__ = "0.1.0"
 
-# Idle OpenMP workers sleep instead of spinning (engine/native.py says why); what the environment sets is kept.
+# Idle OpenMP workers sleep instead of spinning, after a short spin that keeps the barriers inside one
+# forward pass fast (engine/native.py says why); what the environment sets is kept.
 QUIET_THREAD_POOLS = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+SHORT_SPIN = {"GOMP_SPINCOUNT": "1000"}  # only with the policy set here: it would override a user's ACTIVE
 
 
 def quiet_thread_pools(environ: MutableMapping[str, str] = os.environ) -> None:
+    if "OMP_WAIT_POLICY" not in environ:
+        for name, value in SHORT_SPIN.items():
+            environ.setdefault(name, value)
     for name, value in QUIET_THREAD_POOLS.items():
         environ.setdefault(name, value)
 

@@ -7,6 +7,11 @@ the ASR decoded and Piper synthesized, and the decode ran at 19-26 tokens/s in t
 ~40 alone (docs/PERFORMANCE.md, "spinning thread pools"). So ``OMP_WAIT_POLICY=PASSIVE`` (and
 ``KMP_BLOCKTIME=0`` for an Intel OpenMP a user's build may bring) are set before any of them loads,
 unless the environment already says otherwise: a machine with cores to spare may prefer ``ACTIVE``.
+With the policy, ``GOMP_SPINCOUNT=1000``: a worker spins ~1,000 pauses (tens of microseconds) before it
+sleeps. Without it PASSIVE sleeps at every barrier inside a forward pass, and llama.cpp's 6-token batch on
+two threads took 92 ms instead of 29 on the AMX Xeon (docs/PERFORMANCE.md, "one OpenMP team"). libgomp
+spins at all only while it manages no more threads than there are cores, so llama.cpp runs every call on
+its own compute threads (engine/llm/llama_cpp_backend.py).
 
 **Import order.** Seen here: importing onnxruntime after usearch crashes the process (a segfault inside
 onnxruntime's import); the other order works. Models load in worker threads so the event

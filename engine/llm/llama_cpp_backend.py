@@ -12,8 +12,13 @@ one used least recently; contexts in use are never taken, so sessions do not evi
 while there are at least as many contexts as talking sessions. The weights are shared: a context costs its
 KV cache (~47 MB for SmolLM2 at 2,048 positions) and its compute buffers.
 
-Generation runs in a worker thread per call through :mod:`engine.llm.streaming` (a stop flag checked
-before every forward pass: closing the stream stops it within one token). Sampling is
+**Compute threads.** Every call (a reply's stream, a prewarm, an end-of-turn score, the warm-up at load)
+runs on one of the model's own long-lived threads (:func:`compute_threads` of them: one on a 2-core machine),
+through :mod:`engine.llm.streaming` (a stop flag checked before every forward pass: closing the stream stops
+it within one token). llama.cpp's prefill runs an OpenMP team started by the calling thread, and libgomp
+spins its workers only while it manages no more threads than there are cores: a second thread's team alive
+beside the first (a prewarm thread's and a reply thread's) makes every barrier a sleep, and a 6-token batch
+took 62 ms on two threads instead of 29 (docs/PERFORMANCE.md, "one OpenMP team"). Sampling is
 :mod:`engine.llm.sampling` (the same controls as the transformers path).
 
 This module uses ``llama_cpp._internals`` (``LlamaContext``, ``LlamaBatch``) for the contexts beyond the
@@ -90,6 +95,12 @@ def prefill_threads(setting: int) -> int:
     """llama.cpp's prefill (prompt batch) threads: the setting, or all cores up to 4 (short bursts that the
     first token waits for)."""
     return setting if setting > 0 else max(1, min(4, _cores()))
+
+
+def compute_threads(contexts: int, threads: int, prefill: int) -> int:
+    """The model's compute threads: as many calls at once as there are contexts, but no more OpenMP teams
+    than the cores hold (one on 2 cores with 2 prefill threads; see the module's docstring)."""
+    return max(1, min(contexts, _cores() // max(1, threads, prefill)))
 
 
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -242,9 +253,11 @@ class LlamaCppLLM:
             raise LLMError(f"llm.model: llama.cpp could not load {self.path}: {e}") from e
         self.load_s = time.perf_counter() - start
         self._internals = _internals
-        # prewarm and the end-of-turn score run here (model threads, not the loop's executor, where aiortc
-        # encodes); a reply streams from a model thread of its own
-        self._jobs = model_executor(max(1, self.config.contexts), "llm-job")
+        # every call runs here (model threads, not the loop's executor, where aiortc encodes): a reply's
+        # stream, a prewarm, a score; no more OpenMP teams than the cores hold (see the module's docstring)
+        self.compute_threads = compute_threads(self.config.contexts, self.threads, self.prefill_threads)
+        self._jobs = model_executor(self.compute_threads, "llm")
+        self._renice = True  # lower a reply's priority after its first words (off where it cannot be undone)
         memory = self.llama._ctx.memory  # None for a model without a KV cache
         self.can_shift = memory is not None and bool(llama_cpp.llama_memory_can_shift(memory))
         self.n_ctx = self.llama.n_ctx()
@@ -274,21 +287,26 @@ class LlamaCppLLM:
         self.reused_tokens = 0
         self.generated_tokens = 0
         self.last_call = CallStats()
-        with self._context_for(None, threading.Event()) as c:  # warm: the first decode allocates
-            assert c is not None
-            c.feed([self.stop_ids[0] if self.stop_ids else 0])
-            c.crop(0)
+        self._jobs.submit(self._warm).result()
         progress("llm", f"llama.cpp ready ({self.load_s:.1f} s)", 1.0)
+
+    def _warm(self) -> None:
+        """The first decode allocates; a two-token batch also starts this thread's OpenMP team."""
+        with self._context_for(None, threading.Event()) as c:
+            assert c is not None
+            c.feed([self.stop_ids[0] if self.stop_ids else 0] * 2)
+            c.crop(0)
 
     # ---- the LLM protocol ---------------------------------------------------------------
 
     def stream(self, messages: list[ChatMessage], cache_key: str | None = None) -> WorkerStream:
-        return WorkerStream(functools.partial(self._worker, list(messages), cache_key))
+        return WorkerStream(functools.partial(self._worker, list(messages), cache_key), pool=self._jobs)
 
     def stream_scored(
         self, messages: list[ChatMessage], cache_key: str | None, scored: Callable[[float], None]
     ) -> WorkerStream:
-        return WorkerStream(functools.partial(self._worker, list(messages), cache_key, scored=scored))
+        work = functools.partial(self._worker, list(messages), cache_key, scored=scored)
+        return WorkerStream(work, pool=self._jobs)
 
     async def prewarm(self, messages: list[ChatMessage], cache_key: str | None = None) -> int:
         return int(
@@ -450,6 +468,7 @@ class LlamaCppLLM:
         stats = chan.stats
         self.last_call = stats
         error: BaseException | None = None
+        nice = _thread_nice()
         try:
             ids = self.encode_chat(messages)
             stats.encoded_s = time.perf_counter() - stats.started
@@ -477,6 +496,8 @@ class LlamaCppLLM:
             stats.elapsed_s = time.perf_counter() - stats.started
             if error is not None:
                 stats.stop_reason = "error"
+            if nice is not None and _thread_nice() != nice and not _set_thread_nice(nice):
+                self._renice = False  # this thread stays lowered; later replies keep their priority
         chan.finish(error)
 
     def _sample(self, c: _Context, logits: np.ndarray, chan: PieceChannel, stats: CallStats) -> None:
@@ -485,7 +506,7 @@ class LlamaCppLLM:
 
         def counted(step: int) -> None:
             self.generated_tokens += 1
-            if step == URGENT_TOKENS:
+            if step == URGENT_TOKENS and self._renice:
                 _lower_priority()
 
         def feed(token: int) -> np.ndarray:
@@ -563,15 +584,28 @@ def _probability(logits: np.ndarray, token: int) -> float:
     return float(x[token] / x.sum())
 
 
+def _thread_nice() -> int | None:
+    """This thread's nice (Linux: per thread), or None where that cannot be read."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (AttributeError, OSError):
+        return None
+
+
+def _set_thread_nice(nice: int) -> bool:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        return True
+    except (AttributeError, OSError):  # raising a priority back needs a privilege the engine may not have
+        return False
+
+
 def _lower_priority() -> None:
-    """Raise this worker thread's niceness (Linux: per thread; a thread of its own per call, so nothing needs
-    restoring). Lowering a priority needs no privilege; where it fails nothing changes."""
-    if hasattr(os, "setpriority") and hasattr(threading, "get_native_id"):
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE))
-        except OSError:
-            pass
+    """Raise this compute thread's niceness for the rest of the reply (the worker puts it back after the
+    call; where it cannot, the model stops doing this). Lowering a priority needs no privilege."""
+    nice = _thread_nice()
+    if nice is not None and nice < BACKGROUND_NICE:
+        _set_thread_nice(BACKGROUND_NICE)
 
 
 class _Held:

@@ -284,3 +284,51 @@ def test_sampler_controls() -> None:
     nucleus = Sampler(1.0, 0.5, 1.0, 0, seed=1)
     assert {nucleus.pick(logits, []) for _ in range(50)} == {1}  # token 1 alone holds half the mass
     assert logits[1] == 5.0  # the caller's row is not modified
+
+
+@pytest.mark.unit
+def test_no_more_compute_threads_than_openmp_teams_the_cores_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.llm import llama_cpp_backend
+
+    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 2)
+    assert llama_cpp_backend.compute_threads(contexts=4, threads=1, prefill=2) == 1
+    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 16)
+    assert llama_cpp_backend.compute_threads(contexts=4, threads=2, prefill=4) == 4
+    assert llama_cpp_backend.compute_threads(contexts=2, threads=2, prefill=4) == 2
+    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 1)
+    assert llama_cpp_backend.compute_threads(contexts=4, threads=1, prefill=1) == 1
+
+
+async def test_every_call_runs_on_the_model_s_compute_thread_and_leaves_its_priority_as_it_was() -> None:
+    """One OpenMP team for llama.cpp's prefill: the prewarm, the score and every reply run on the model's
+    compute thread (a reply's own thread beside it made each prefill barrier a sleep, docs/PERFORMANCE.md),
+    and a reply that lowered that thread's priority after its first words puts it back."""
+    import os
+    import threading
+
+    seen: list[tuple[str, int, int]] = []
+
+    class Watched(LlamaCppLLM):
+        def _prefill(self, c, ids, limit, stop, stats):  # type: ignore[no-untyped-def]
+            tid = threading.get_native_id()
+            seen.append((threading.current_thread().name, tid, os.getpriority(os.PRIO_PROCESS, tid)))
+            return super()._prefill(c, ids, limit, stop, stats)
+
+    llm = Watched(LLMConfig(backend="llama.cpp", max_new_tokens=20, contexts=2, prefill_threads=2, threads=1))  # type: ignore[call-arg]
+    long = llm.with_options(repetition_penalty=1.0, no_repeat_ngram_size=0)
+    try:
+        history = chat("Tell me a long story about a dragon, please.")
+        await llm.prewarm(history, cache_key="s")
+        for key in ("s", "t"):
+            await collect(long.stream(history + chat("And then?"), cache_key=key))
+            assert long.last_call.generated_tokens > 10  # past the point where the reply lowers its priority
+        await llm.end_of_turn_probability(chat("What is your name?"), cache_key="s")
+        names = {name for name, _, _ in seen}
+        tids = {tid for _, tid, _ in seen}
+        assert len(seen) >= 4 and all(n.startswith("llm") for n in names), seen
+        if llm.compute_threads == 1:
+            assert len(tids) == 1, seen
+        # each call found the thread's priority as it was
+        assert len({nice for _, _, nice in seen}) == 1, seen
+    finally:
+        llm.close()
