@@ -38,8 +38,8 @@ class LLMConfig(BaseModel):
     prefill_threads: int = Field(
         0,
         ge=0,
-        description="llama.cpp: CPU threads for prefill (prompt) batches; 0 = auto (all cores up to 4). "
-        "`threads` is then the decode threads",
+        description="llama.cpp: CPU threads for prefill (prompt) batches of more than 16 tokens; 0 = auto "
+        "(all cores up to 4). `threads` is then the decode threads, and a shorter batch's",
     )
     weight_repack: Literal["auto", "on", "off"] = Field(
         "auto",

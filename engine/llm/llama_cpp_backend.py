@@ -62,6 +62,11 @@ from engine.progress import Progress, silent_progress
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 64  # tokens per prefill forward: the stop flag is checked between chunks
+# A batch this short runs on the decode threads, not the prefill team: a reply's own prefill (the host's last
+# words and the chat marker, ~8 tokens) took 134 ms to its first piece on a team of two beside the video and
+# 95 ms on one thread (docs/PERFORMANCE.md, "one OpenMP team"); at 5-16 tokens a team of two gains little
+# even on an idle machine, and on a busy one each barrier waits for a descheduled thread.
+SMALL_BATCH = 16
 # After this many reply tokens (the first chunk's words and some) the decode thread lowers its own priority:
 # the rest of the reply has a whole chunk of audio to arrive in, while the first chunk's synthesis and the
 # video frames are due now (on two cores they all want the same CPU).
@@ -174,10 +179,13 @@ class _Context:
     batch: Any  # llama_cpp._internals.LlamaBatch
     n_vocab: int
     n_batch: int
+    threads: int = 1  # decode threads (and a short batch's, SMALL_BATCH)
+    prefill_threads: int = 1  # a longer batch's
     ids: list[int] = field(default_factory=list)
     key: str | None = None  # the conversation it holds
     busy: bool = False
     last_used: float = 0.0
+    _batch_threads: int = 0  # what llama.cpp was last told to run a batch on
 
     def crop(self, keep: int) -> None:
         """Keep the first ``keep`` cached positions."""
@@ -201,6 +209,10 @@ class _Context:
         """Evaluate ``tokens`` after what is cached; the last position's logits (float32 [V], a copy)."""
         for i in range(0, len(tokens), self.n_batch):
             part = tokens[i : i + self.n_batch]
+            batch_threads = self.threads if len(part) <= SMALL_BATCH else self.prefill_threads
+            if batch_threads != self._batch_threads:
+                self.ctx.set_n_threads(self.threads, batch_threads)
+                self._batch_threads = batch_threads
             self.batch.set_batch(batch=part, n_past=len(self.ids), logits_all=False)
             try:
                 self.ctx.decode(self.batch)
@@ -278,7 +290,13 @@ class LlamaCppLLM:
         self.stop_ids = self._stop_ids(eos)
         self._lock = threading.Condition()
         first = _Context(
-            self.llama._ctx, self.llama._batch, self.n_vocab, PREFILL_CHUNK, last_used=time.monotonic()
+            self.llama._ctx,
+            self.llama._batch,
+            self.n_vocab,
+            PREFILL_CHUNK,
+            self.threads,
+            self.prefill_threads,
+            last_used=time.monotonic(),
         )
         self._contexts: list[_Context] = [first]
         self._growing = 0  # contexts being created (outside the lock)
@@ -291,10 +309,11 @@ class LlamaCppLLM:
         progress("llm", f"llama.cpp ready ({self.load_s:.1f} s)", 1.0)
 
     def _warm(self) -> None:
-        """The first decode allocates; a two-token batch also starts this thread's OpenMP team."""
+        """The first decode allocates; a batch longer than SMALL_BATCH also starts this thread's OpenMP
+        team."""
         with self._context_for(None, threading.Event()) as c:
             assert c is not None
-            c.feed([self.stop_ids[0] if self.stop_ids else 0] * 2)
+            c.feed([self.stop_ids[0] if self.stop_ids else 0] * (SMALL_BATCH + 1))
             c.crop(0)
 
     # ---- the LLM protocol ---------------------------------------------------------------
@@ -376,7 +395,7 @@ class LlamaCppLLM:
         params = self.llama.context_params
         ctx = self._internals.LlamaContext(model=self.llama._model, params=params, verbose=False)
         batch = self._internals.LlamaBatch(n_tokens=PREFILL_CHUNK, embd=0, n_seq_max=1, verbose=False)
-        return _Context(ctx, batch, self.n_vocab, PREFILL_CHUNK)
+        return _Context(ctx, batch, self.n_vocab, PREFILL_CHUNK, self.threads, self.prefill_threads)
 
     def _take(self, key: str | None, stop: threading.Event) -> _Context | None:
         """The context for ``key``: its own, else a free one (new while under ``llm.contexts``, else the
