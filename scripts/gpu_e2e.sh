@@ -8,6 +8,13 @@
 #   call 1:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh checks
 #   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh bench
 #
+# With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
+# fills .real0/ .real1/ ... (tiny.en on CTranslate2, the SmolLM2 GGUF, their wheels: one tar in parts); after
+# call 1, each call carries one part (or .voice) and runs `stash`, made at once after the one before; the last
+# one runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the host's
+# CPU (CTranslate2's wheels are CUDA 12 builds, the image is CUDA 13), the real SmolLM2 replies on the GPU
+# (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's.
+#
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
 # and the stage benches (engine/bench/gpu_stages.py). `bench` runs `idolcast bench` with the whole pipeline:
 # engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
@@ -36,7 +43,23 @@ info() {
       nproc; } 2>&1 | tee "$OUT/machine.txt"
 }
 
+unpack_real() {
+    [ -d "$STORE/real" ] && return 0
+    ls "$STORE"/parts/real* > /dev/null 2>&1 || { echo "no parts in $STORE/parts: carry .real0 ... with stash"; return 1; }
+    # parts in order: real0 real1 ... real10
+    ls "$STORE"/parts/ | sort -t l -k 2 -n | sed "s|^|$STORE/parts/|" | xargs cat | tar -x -C "$STORE" || return 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
+        "$STORE"/real/wheels/*.whl || return 1
+    rm -rf "$STORE/parts"
+}
+
 case "${1:-}" in
+stash)
+    mkdir -p "$STORE/parts"
+    for d in .real*; do [ -f "$d/part" ] && cp "$d/part" "$STORE/parts/${d#.}" && echo "stashed $d"; done
+    if [ -d .voice ]; then mkdir -p "$STORE/voice" && cp .voice/* "$STORE/voice/" && echo "stashed .voice"; fi
+    ls -la "$STORE/parts" "$STORE/voice" 2> /dev/null
+    ;;
 install)
     mkdir -p "$STORE"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
@@ -54,12 +77,21 @@ checks)
 bench)
     info
     test -d "$STORE/site/aiortc" || { echo "no $STORE/site: run 'install' first on this machine"; exit 1; }
-    export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__MODEL=random:small IDOLCAST_ASR__DEVICE=cuda \
-        IDOLCAST_ASR__TOKENIZER="$TOKENIZER" \
-        IDOLCAST_LLM__MODEL=random:qwen2.5-1.5b IDOLCAST_LLM__TOKENIZER="$TOKENIZER" IDOLCAST_LLM__DEVICE=cuda \
-        IDOLCAST_LLM__DTYPE=bfloat16 IDOLCAST_LLM__MAX_NEW_TOKENS=32 \
-        IDOLCAST_TTS__VOICE=.voice/en_US-joe-medium.onnx \
+    VOICE=.voice/en_US-joe-medium.onnx
+    [ -f "$VOICE" ] || VOICE=$STORE/voice/en_US-joe-medium.onnx
+    export IDOLCAST_TTS__VOICE=$VOICE \
         IDOLCAST_AVATAR__BACKEND=cuda-graph IDOLCAST_PERSONA__ENABLED=false IDOLCAST_MQTT__ENABLED=false
+    if [ -n "${REAL:-}" ]; then
+        unpack_real || exit 1
+        GGUF=$(ls "$STORE"/real/llm/*.gguf)
+        export IDOLCAST_ASR__BACKEND=faster-whisper IDOLCAST_ASR__MODEL="$STORE/real/asr" IDOLCAST_ASR__DEVICE=cpu \
+            IDOLCAST_LLM__BACKEND=transformers IDOLCAST_LLM__MODEL="$GGUF" IDOLCAST_LLM__DEVICE=cuda
+    else
+        export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__MODEL=random:small IDOLCAST_ASR__DEVICE=cuda \
+            IDOLCAST_ASR__TOKENIZER="$TOKENIZER" \
+            IDOLCAST_LLM__MODEL=random:qwen2.5-1.5b IDOLCAST_LLM__TOKENIZER="$TOKENIZER" IDOLCAST_LLM__DEVICE=cuda \
+            IDOLCAST_LLM__DTYPE=bfloat16 IDOLCAST_LLM__MAX_NEW_TOKENS=32
+    fi
     if [ -n "${EOT_MS:-}" ]; then export IDOLCAST_VAD__END_OF_TURN_SILENCE_MS=$EOT_MS; fi
     # on a GPU the speculative decode at a pause costs ~22 ms: speculate sooner (docs/configuration.md)
     export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
@@ -113,9 +145,9 @@ for k, v in r["stages_ms"].items():
     print(k, v)
 EOF
     if [ -n "${TTS_STAGE-1}" ]; then  # TTS_STAGE= (empty) skips it
-        python3 -m engine.bench.gpu_stages --tts .voice/en_US-joe-medium.onnx --repeats 10 --out "$OUT/tts.json" | tail -3
+        python3 -m engine.bench.gpu_stages --tts "$VOICE" --repeats 10 --out "$OUT/tts.json" | tail -3
     fi
     ;;
 *)
-    echo "usage: $0 install|checks|bench"; exit 2 ;;
+    echo "usage: $0 install|checks|stash|bench"; exit 2 ;;
 esac
