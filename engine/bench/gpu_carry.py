@@ -122,7 +122,7 @@ def real_payload(repo: Path, part_bytes: int) -> list[Path]:
             for f in sorted(asr.iterdir()):
                 tar.add(f, arcname=f"real/asr/{f.name}")
             tar.add(ggufs[0], arcname=f"real/llm/{ggufs[0].name}")
-        parts = []
+        parts: list[Path] = []
         with blob.open("rb") as src:
             while chunk := src.read(part_bytes):
                 folder = repo / f".real{len(parts)}"
