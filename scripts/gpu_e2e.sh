@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The GPU end-to-end run (docs/PERFORMANCE.md, "GPU: end to end"), on the lent H200. Only 64 MiB travel per
 # device call and the checkout there is copied afresh for every call, so the wheels are installed outside it,
-# under $STORE (/var/tmp/idolcast), which stays while the machine is warm (30 s after a call ends): two calls,
-# the second made at once after the first.
+# under $STORE (/var/tmp/idolcast), which stays while the machine is warm (30 s after a call ends): three
+# calls, each made at once after the one before.
 #
 #   here, once:  python -m engine.bench.gpu_carry            # fills .whl/ .gpu/ .voice/ (ignored folders)
 #   call 1:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh checks
-#   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh bench
+#   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh stash
+#   call 3:      carry [".whl2"]         bash scripts/gpu_e2e.sh bench
 #
 # With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
 # fills .real0/ .real1/ ... (tiny.en on CTranslate2, the SmolLM2 GGUF, their wheels: one tar in parts); after
 # call 1, each call carries one part (or .voice) and runs `stash`, made at once after the one before; the last
-# one runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the host's
+# one carries the last part and .whl2 and runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the host's
 # CPU (CTranslate2's wheels are CUDA 12 builds, the image is CUDA 13), the real SmolLM2 replies on the GPU
 # (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's.
 #
@@ -43,6 +44,13 @@ info() {
       nproc; } 2>&1 | tee "$OUT/machine.txt"
 }
 
+install_late() {  # .whl2: the persona memory's index wheels, carried with the voice (call 1 is full)
+    if ls .whl2/*.whl > /dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
+            .whl2/*.whl && echo "installed .whl2"
+    fi
+}
+
 unpack_real() {
     [ -d "$STORE/real" ] && return 0
     ls "$STORE"/parts/real* > /dev/null 2>&1 || { echo "no parts in $STORE/parts: carry .real0 ... with stash"; return 1; }
@@ -55,6 +63,7 @@ unpack_real() {
 
 case "${1:-}" in
 stash)
+    install_late
     mkdir -p "$STORE/parts"
     for d in .real*; do [ -f "$d/part" ] && cp "$d/part" "$STORE/parts/${d#.}" && echo "stashed $d"; done
     if [ -d .voice ]; then mkdir -p "$STORE/voice" && cp .voice/* "$STORE/voice/" && echo "stashed .voice"; fi
@@ -65,7 +74,7 @@ install)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
         .whl/*.whl || exit 1
     tar -xzf .gpu/tokenizer.tar.gz -C "$STORE"
-    python3 -c 'import aiortc, av, piper, silero_vad, usearch, aiomqtt, pydantic, engine.server.app; print("imports ok")'
+    python3 -c 'import aiortc, av, piper, silero_vad, aiomqtt, pydantic, engine.server.app; print("imports ok")'
     ;;
 checks)
     info
@@ -77,6 +86,7 @@ checks)
 bench)
     info
     test -d "$STORE/site/aiortc" || { echo "no $STORE/site: run 'install' first on this machine"; exit 1; }
+    install_late
     VOICE=.voice/en_US-joe-medium.onnx
     [ -f "$VOICE" ] || VOICE=$STORE/voice/en_US-joe-medium.onnx
     export IDOLCAST_TTS__VOICE=$VOICE \

@@ -87,6 +87,9 @@ TRIMS = (
     ),
 )
 LIMIT = 64 * 1024 * 1024  # bytes that travel per call, the working tree included
+# The persona memory's index (13 MB): it travels in .whl2/ in the call that runs the bench (with the last
+# real part), so that call 1 fits
+LATE_WHEELS = ("usearch-", "numkong-")
 REAL_WHEELS = ("ctranslate2==4.8.5", "faster-whisper==1.2.1", "gguf==0.19.0")
 
 
@@ -179,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     for prefix, drop, keep in TRIMS:
         for w in sorted(whl.glob(prefix + "*.whl")):
             print(f"{w.name}: {trim_wheel(w, drop, keep) / 1e6:.1f} MB of unused files removed")
+    late = repo / ".whl2"
+    late.mkdir(exist_ok=True)
+    for prefix in LATE_WHEELS:
+        for w in sorted(whl.glob(prefix + "*.whl")):
+            w.replace(late / w.name)
 
     caches = sorted((repo / "var" / "cache" / "models").glob("SmolLM2-*/tokenizer.json"))
     if not caches:
@@ -202,13 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     tree = tree_bytes(repo)
     first = tree + folder_bytes(whl) + folder_bytes(gpu)
     second = tree + folder_bytes(voice)
-    for label, n in (("call 1 (tree + .whl + .gpu)", first), ("call 2 (tree + .voice)", second)):
+    third = tree + folder_bytes(late)
+    calls = (("call 1 (.whl + .gpu)", first), ("call 2 (.voice)", second), ("the bench's call (.whl2)", third))
+    for label, n in calls:
         state = "fits" if n <= LIMIT else "DOES NOT FIT"
         print(f"{label}: {n / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB: {state}")
-    fits = first <= LIMIT and second <= LIMIT
+    fits = first <= LIMIT and second <= LIMIT and third <= LIMIT
     if args.real:
         parts = real_payload(repo, LIMIT - tree - 2 * 2**20)
-        print(f"the real models: {len(parts)} parts, one call each ({', '.join(p.name for p in parts)})")
+        last = tree + folder_bytes(parts[-1]) + folder_bytes(late)  # the last part travels with .whl2
+        fits = fits and last <= LIMIT
+        print(f"the real models: {len(parts)} parts, one call each ({', '.join(p.name for p in parts)}); ")
+        print(f"the last with .whl2: {last / 2**20:.1f} MiB: {'fits' if last <= LIMIT else 'DOES NOT FIT'}")
     return 0 if fits else 1
 
 
