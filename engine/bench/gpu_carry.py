@@ -211,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     first = tree + folder_bytes(whl) + folder_bytes(gpu)
     second = tree + folder_bytes(voice)
     third = tree + folder_bytes(late)
-    calls = (("call 1 (.whl + .gpu)", first), ("call 2 (.voice)", second), ("the bench's call (.whl2)", third))
+    calls = (
+        ("call 1 (.whl + .gpu)", first),
+        ("call 2 (.voice)", second),
+        ("the bench's call (.whl2)", third),
+    )
     for label, n in calls:
         state = "fits" if n <= LIMIT else "DOES NOT FIT"
         print(f"{label}: {n / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB: {state}")
