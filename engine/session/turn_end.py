@@ -7,8 +7,8 @@ finished utterance ("What is your favorite color?", "Tell me a joke.") scores hi
 ``vad.end_of_turn_finished_ms`` of silence; one that trails off ("so the thing about my brother is")
 scores near zero and gets the whole ``vad.end_of_turn_silence_ms``. The bundled 135M model leans on
 Whisper's punctuation, which Whisper also puts after cut-off words ("Where would you?"), so words that
-end on a dangling function word ("... and", "... the", "... could") never count as finished whatever
-the score. Measured on a labelled set of synthesized utterances (``idolcast bench --turn-end``;
+end on a dangling function word ("... and", "... the", "... could") or on a comma or an ellipsis ("Wait,")
+never count as finished whatever the score. Measured on a labelled set of synthesized utterances (``idolcast bench --turn-end``;
 docs/PERFORMANCE.md): the combination made fewer false early ends than either signal alone.
 
 Backends that cannot score (an OpenAI-compatible server) fall back to punctuation: a transcript ending in
@@ -106,10 +106,16 @@ DANGLING = frozenset(
     ]
 )
 _WORD = re.compile(r"[a-z']+")
+# Whisper's own sign that more was coming: a clause mark or an ellipsis at the end ("Wait," before
+# "stop for a second": with the pause judged finished, the idol answered "Wait" and was cut at once).
+OPEN_ENDINGS = (",", ";", ":", "-", "\u2013", "\u2014", "...", "\u2026")
 
 
 def ends_dangling(text: str) -> bool:
-    """True when the last word is one a sentence does not end on (the words trail off)."""
+    """True when the words trail off: the last word is one a sentence does not end on, or the transcript
+    ends on a clause mark or an ellipsis."""
+    if text.rstrip().endswith(OPEN_ENDINGS):
+        return True
     words = _WORD.findall(text.lower())
     return bool(words) and words[-1] in DANGLING
 

@@ -60,6 +60,10 @@ def test_dangling_words() -> None:
     assert ends_dangling("Who are you talking to?") is True
     assert ends_dangling("So the thing about my brother is...") is True
     assert ends_dangling("Do you like music?") is False
+    assert ends_dangling("Wait,") is True  # Whisper's comma: more was coming
+    assert ends_dangling("I was thinking\u2026") is True
+    assert ends_dangling("Well -") is True
+    assert ends_dangling("Wait.") is False
     assert ends_dangling("") is False
 
 
