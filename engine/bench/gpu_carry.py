@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         last = tree + folder_bytes(parts[-1]) + folder_bytes(late)  # the last part travels with .whl2
         fits = fits and last <= LIMIT
         names = ", ".join(p.name for p in parts)
-        print(f"the real models: .real-voice-a, .real-voice-b, then {len(parts)} parts, one call each ({names})")
+        print(
+            f"the real models: .real-voice-a, .real-voice-b, then {len(parts)} parts, one call each ({names})"
+        )
         print(f"the last with .whl2: {last / 2**20:.1f} MiB: {'fits' if last <= LIMIT else 'DOES NOT FIT'}")
     return 0 if fits else 1
 
