@@ -101,9 +101,9 @@ bench)
     if [ -n "${REAL:-}" ]; then
         unpack_real || exit 1
         GGUF=$(ls "$STORE"/real/llm/*.gguf)
-        # tiny.en on the host's CPU stands in for a GPU ASR: 8 of its 16 cores (the CPU default is 1 to 4)
+        # tiny.en on the host's CPU stands in for a GPU ASR, on the engine's default threads (4 here; 8 were
+        # slower: the pause's decode 99 ms against 72, docs/PERFORMANCE.md)
         export IDOLCAST_ASR__BACKEND=faster-whisper IDOLCAST_ASR__MODEL="$STORE/real/asr" IDOLCAST_ASR__DEVICE=cpu \
-            IDOLCAST_ASR__CPU_THREADS=${ASR_THREADS:-8} \
             IDOLCAST_LLM__BACKEND=transformers IDOLCAST_LLM__MODEL="$GGUF" IDOLCAST_LLM__DEVICE=cuda
     else
         export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__MODEL=random:small IDOLCAST_ASR__DEVICE=cuda \
