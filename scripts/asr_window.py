@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from scipy.signal import resample_poly
 
-from engine.asr.faster_whisper import resolve_model_path
+from engine.asr.ct2_whisper import resolve_model_path
 from engine.asr.wer import wer
 from engine.asr.whisper_decoder import WhisperDecoder
 from engine.bench.voice import DEFAULT_QUESTIONS

@@ -12,8 +12,9 @@
 # With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
 # fills .real0/ .real1/ ... (tiny.en on CTranslate2, the SmolLM2 GGUF, their wheels: one tar in parts); after
 # call 1, each call carries one part (.real-voice-a, .real-voice-b, .real0, ...) and runs `stash`, made at once after the one before; the last
-# one carries the last part and .whl2 and runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the host's
-# CPU (CTranslate2's wheels are CUDA 12 builds, the image is CUDA 13), the real SmolLM2 replies on the GPU
+# one carries the last part and .whl2 and runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the
+# GPU (the transformers backend reads the CTranslate2 folder; CTranslate2's own wheels are CUDA 12 builds, the
+# image is CUDA 13; ASR_CPU=1 runs it on the host's CPU instead), the real SmolLM2 replies on the GPU
 # (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's.
 #
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
@@ -101,9 +102,15 @@ bench)
     if [ -n "${REAL:-}" ]; then
         unpack_real || exit 1
         GGUF=$(ls "$STORE"/real/llm/*.gguf)
-        # tiny.en on the host's CPU stands in for a GPU ASR, on the engine's default threads (4 here; 8 were
-        # slower: the pause's decode 99 ms against 72, docs/PERFORMANCE.md)
-        export IDOLCAST_ASR__BACKEND=faster-whisper IDOLCAST_ASR__MODEL="$STORE/real/asr" IDOLCAST_ASR__DEVICE=cpu \
+        # tiny.en on the GPU: the transformers backend reads the CTranslate2 folder's weights itself
+        # (engine/asr/ct2_whisper.py) and decodes with CUDA graphs. ASR_CPU=1: faster-whisper on the host's
+        # CPU instead, on the engine's default threads (4 here; 8 were slower, docs/PERFORMANCE.md)
+        if [ -n "${ASR_CPU:-}" ]; then
+            export IDOLCAST_ASR__BACKEND=faster-whisper IDOLCAST_ASR__DEVICE=cpu
+        else
+            export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__DEVICE=cuda
+        fi
+        export IDOLCAST_ASR__MODEL="$STORE/real/asr" \
             IDOLCAST_LLM__BACKEND=transformers IDOLCAST_LLM__MODEL="$GGUF" IDOLCAST_LLM__DEVICE=cuda
     else
         export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__MODEL=random:small IDOLCAST_ASR__DEVICE=cuda \

