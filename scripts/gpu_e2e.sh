@@ -30,7 +30,8 @@
 # worker processes the bench's clients are spread over, 0 = one per two clients; ENGINES the engine processes
 # the sessions are spread over, replicas sharing the GPU; ICE_DEBUG=1 has the client workers log every STUN
 # message); both write
-# $OUT/sessions.json instead of bench.json and skip the single-session report.
+# $OUT/sessions.json instead of bench.json and skip the single-session report. VERBOSE=1: the single-session
+# bench and its engine log at debug level (each pause's speculation and turn-end judgement) into bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -156,7 +157,7 @@ for e in r.get("engine_capacities") or [e]:
 EOF
         exit 0
     fi
-    timeout "${BENCH_TIMEOUT:-480}" python3 -m engine.cli bench --turns "${TURNS:-20}" --barge-rounds "${BARGE:-3}" \
+    timeout "${BENCH_TIMEOUT:-480}" python3 -m engine.cli ${VERBOSE:+-v -v} bench --turns "${TURNS:-20}" --barge-rounds "${BARGE:-3}" \
         --json > "$OUT/bench.json" 2> "$OUT/bench.log"
     echo "bench exit $?"
     tail -5 "$OUT/bench.log"
