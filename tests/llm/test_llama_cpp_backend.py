@@ -315,12 +315,13 @@ async def test_every_call_runs_on_the_model_s_compute_thread_and_leaves_its_prio
             return super()._prefill(c, ids, limit, stop, stats)
 
     llm = Watched(LLMConfig(backend="llama.cpp", max_new_tokens=20, contexts=2, prefill_threads=2, threads=1))  # type: ignore[call-arg]
-    long = llm.with_options(repetition_penalty=1.0, no_repeat_ngram_size=0)
+    # greedy, and asked for a list: a sampled reply ended after 4 tokens in one CI run
+    long = llm.with_options(temperature=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0)
     try:
         history = chat("Tell me a long story about a dragon, please.")
         await llm.prewarm(history, cache_key="s")
         for key in ("s", "t"):
-            await collect(long.stream(history + chat("And then?"), cache_key=key))
+            await collect(long.stream(history + chat("Now count from one to thirty, please."), cache_key=key))
             assert long.last_call.generated_tokens > 10  # past the point where the reply lowers its priority
         await llm.end_of_turn_probability(chat("What is your name?"), cache_key="s")
         names = {name for name, _, _ in seen}
