@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # have a favorite animal?" over room noise (bench style fast-noisy) was heard as "you have a favorite
 # animal." in 3 of 4 turns; at 0.6 s, 4 of 4 whole. The ASR trims the leading noise by level.
 PREROLL_S = 0.6
+# A barge-in this recent when speech starts belongs to the new utterance (the barge-in fires on 64 ms of
+# voice, the utterance starts after min_speech_ms).
+BARGE_IN_BELONGS_S = 1.0
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Utterance:
     transcribed_t: float = 0.0
     partial_in_flight: bool = False  # at that pause: a partial decode of this utterance was running
     llm_warming: bool = False  # at that pause: the LLM was evaluating a partial transcript's words
+    took_the_floor: bool = False  # it interrupted her: its turn ends on the whole silence (see _speculate)
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -77,12 +81,19 @@ class Listener:
         self.conversation = conversation
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
         self._warm_task: asyncio.Task[None] | None = None  # the LLM evaluating a partial transcript's words
+        self._barged_at: float | None = None  # clock time of the latest barge-in
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _barge_in(self, owner: TaskOwner) -> None:
+    def _barge_in(self, owner: TaskOwner, utt: Utterance | None) -> None:
+        self._barged_at = self.parts.clock.now()
+        if utt is not None:
+            utt.took_the_floor = True
         owner.spawn(self.conversation.interrupt("barge_in"), "barge-in")
+
+    def _barged_in_just_now(self) -> bool:
+        return self._barged_at is not None and self.parts.clock.now() - self._barged_at <= BARGE_IN_BELONGS_S
 
     async def run(self, track: MediaStreamTrack) -> None:
         p, conv = self.parts, self.conversation
@@ -102,7 +113,7 @@ class Listener:
                 voiced_s = voiced_s + len(chunk.audio) / MIC_RATE if voiced else 0.0
                 if voiced_s >= barge_s and conv.speaking():
                     voiced_s = float("-inf")  # once per utterance
-                    self._barge_in(owner)
+                    self._barge_in(owner, utt)
                 if utt is not None:
                     utt.append(chunk.audio)
                 else:
@@ -116,7 +127,9 @@ class Listener:
                         p.bus.publish(SpeechStarted(t=utt.start_t))
                         owner.spawn(self._partials(utt, owner), "partials")
                         if conv.speaking():
-                            self._barge_in(owner)
+                            self._barge_in(owner, utt)
+                        elif self._barged_in_just_now():
+                            utt.took_the_floor = True
                     elif isinstance(r, VADSpeechPaused) and utt is not None:
                         utt.paused = True
                         warming = self._warming()
@@ -201,7 +214,12 @@ class Listener:
             return  # speech came back (or the turn ended) while it was scored
         utt.turn_end, utt.turn_end_t = decision, p.clock.now()
         finished_ms = p.settings.vad.end_of_turn_finished_ms
-        if decision.finished and finished_ms:
+        # After a barge-in the host has taken the floor: on the H200 "Wait, stop for a second." was judged
+        # finished at its comma's pause, answered in 200 ms and that answer cut by the rest of it (the
+        # receiver heard her stop 750 ms after the onset, docs/PERFORMANCE.md): such a turn ends on the whole
+        # silence.
+        hold_floor = utt.took_the_floor and p.settings.vad.barge_in_full_silence
+        if decision.finished and finished_ms and not hold_floor:
             vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
         if utt.early is None:
             utt.early = self.conversation.early.start(settled.text)

@@ -55,6 +55,12 @@ class VADConfig(BaseModel):
         description="start the reply on the speculative transcript at the pause; it stays silent until "
         "the end of the turn confirms it, and is dropped if the host speaks again",
     )
+    barge_in_full_silence: bool = Field(
+        True,
+        description="a turn that interrupted her ends only on the whole end_of_turn_silence_ms, never on "
+        "end_of_turn_finished_ms: an interjection ('Wait, stop for a second.') can read as finished at its "
+        "first pause and go on after it",
+    )
     min_speech_ms: int = Field(150, ge=0, le=2000, description="speech shorter than this is ignored")
     barge_in_min_speech_ms: int = Field(
         64,

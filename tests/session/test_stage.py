@@ -176,3 +176,36 @@ async def test_speech_without_words_is_reported_and_not_answered(
         s.say(speech_48k("Hello there!"), then_silence_s=1.0)
         turn = await s.until_event(UserTurn)
         assert turn.source == "voice" and len(s.of(SpeechStarted)) == 2
+
+
+@pytest.mark.parametrize("full_silence", [True, False], ids=["holds-the-floor", "finished-words-shortcut"])
+async def test_after_a_barge_in_the_host_keeps_the_floor_through_a_pause(
+    settings: Settings, models: EngineModels, full_silence: bool
+) -> None:
+    """The host cuts in with a question, pauses, and goes on. His first words read as finished, but he has
+    taken the floor: his turn ends on the whole silence and holds both halves. With the finished-words
+    shortcut after a barge-in (the setting off) the first half is answered in the pause and the rest becomes
+    a turn of its own. The silences are long (finished 1 s, whole 3 s, the pause 1.5 s), so the pause's
+    judgement is in before the shortcut's silence on any machine."""
+    floor = settings.model_copy(deep=True)
+    floor.llm.max_new_tokens = 120
+    floor.vad.end_of_turn_finished_ms, floor.vad.end_of_turn_silence_ms = 1000, 3000
+    floor.vad.barge_in_full_silence = full_silence
+    floor_models = dataclasses.replace(models, new_vad=load_vad_factory(floor.vad))
+    async with stage(floor, floor_models) as s:
+        await s.session.submit_text(
+            "Tell me a long story about a dragon who loves to sing, with many details."
+        )
+        await s.until_event(ChunkPlaybackStarted)
+        await s.run_for(0.8)
+        s.say(speech_48k("What is your favorite color?"), then_silence_s=1.5)
+        s.say(speech_48k("And what is your favorite food?", lead_s=0.0), then_silence_s=4.0)
+        cut = await s.until_event(Interruption, limit_s=10)
+        assert cut.reason == "barge_in"
+        await s.run_until(lambda: s.host_done, limit_s=20)
+        await s.run_until(lambda: not s.session.conversation.speaking(), limit_s=30)
+        heard = [t.text.lower() for t in s.of(UserTurn) if t.source == "voice"]
+        if full_silence:
+            assert len(heard) == 1 and "color" in heard[0] and "food" in heard[0], heard
+        else:
+            assert len(heard) == 2 and "color" in heard[0] and "food" in heard[1], heard
