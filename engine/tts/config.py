@@ -33,6 +33,11 @@ class TTSConfig(BaseModel):
         "others), else half the cores, at most 8 (a short clause on the H200 host: ~200 ms on 1 thread, ~90 ms "
         "on 4, ~60 ms on 8)",
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="where the voice runs: 'cuda' = ONNX Runtime's CUDA provider (the onnxruntime-gpu package; "
+        "an error where it is missing), 'auto' = CUDA where that provider and a GPU are there, else the CPU",
+    )
     spinning: bool = Field(
         default=False,
         description="the voice's ONNX Runtime threads busy-wait between ops (ONNX Runtime's default) instead "

@@ -90,6 +90,7 @@ class PiperTTS:
         base_scale = float(voice.config.length_scale or 1.0)
         self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
         self.has_alignments = len(voice.session.get_outputs()) > 1
+        self.device = "cuda" if CUDA_PROVIDER in voice.session.get_providers() else "cpu"
         self._executor = model_executor(1, "piper")
         self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
 
@@ -99,7 +100,7 @@ class PiperTTS:
 
     def describe(self) -> str:
         al = "with alignments" if self.has_alignments else "no alignments"
-        return f"piper {self._name} ({self._rate} Hz -> {OUTPUT_RATE} Hz, {al})"
+        return f"piper {self._name} ({self.device}, {self._rate} Hz -> {OUTPUT_RATE} Hz, {al})"
 
     async def synthesize(self, text: str) -> Synthesis:
         """Synthesize ``text`` on the worker thread; empty or punctuation-only text gives an empty result."""
@@ -208,23 +209,53 @@ def voice_threads(setting: int) -> int:
     return 1 if cores <= 4 else min(8, cores // 2)
 
 
-def _session_with_threads(model: Path, threads: int, spinning: bool = False) -> Any:
+CUDA_PROVIDER = "CUDAExecutionProvider"
+# cuDNN's exhaustive search would time every convolution again for each new input length (every clause has
+# its own): its heuristic picks at once.
+CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
+
+
+def voice_providers(device: str, available: list[str]) -> list[Any]:
+    """ONNX Runtime providers for ``tts.device``: CUDA (with the CPU for the ops it lacks) or the CPU alone.
+    ``cuda`` without the CUDA provider is a configuration error, ``auto`` then means the CPU."""
+    if device == "cpu" or (device == "auto" and CUDA_PROVIDER not in available):
+        return ["CPUExecutionProvider"]
+    if CUDA_PROVIDER not in available:
+        raise ConfigError(
+            "tts.device = 'cuda': ONNX Runtime has no CUDAExecutionProvider here (it comes with the "
+            f"onnxruntime-gpu package; this one offers {', '.join(available)}); set tts.device = 'cpu' or 'auto'"
+        )
+    return [(CUDA_PROVIDER, CUDA_OPTIONS), "CPUExecutionProvider"]
+
+
+def _session_with_threads(model: Path, threads: int, spinning: bool = False, device: str = "cpu") -> Any:
     """The voice's ONNX session (patched for alignments, as Piper does) with a bounded thread pool:
     on a small machine the voice must not fight the LLM and the renderer for every core. ``spinning``:
-    ONNX Runtime's own default, its pool's threads busy-wait for the next op instead of sleeping."""
+    ONNX Runtime's own default, its pool's threads busy-wait for the next op instead of sleeping.
+    ``device``: ``tts.device`` (see :func:`voice_providers`)."""
     import onnx
     import onnxruntime
     from piper.patch_voice_with_alignment import add_alignment_output
 
+    providers = voice_providers(device, onnxruntime.get_available_providers())
+    if providers[0] != "CPUExecutionProvider" and hasattr(onnxruntime, "preload_dlls"):
+        onnxruntime.preload_dlls()  # the CUDA and cuDNN libraries of the nvidia-* packages torch came with
     graph = onnx.load(str(model))
     add_alignment_output(graph)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return onnxruntime.InferenceSession(
-        graph.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    session = onnxruntime.InferenceSession(
+        graph.SerializeToString(), sess_options=options, providers=providers
     )
+    if providers[0] != "CPUExecutionProvider" and CUDA_PROVIDER not in session.get_providers():
+        # ONNX Runtime falls back to the CPU when the CUDA provider cannot start (a missing CUDA library)
+        message = f"tts: the CUDA provider did not start (running on {session.get_providers()})"
+        if device == "cuda":
+            raise ConfigError(message + "; see ONNX Runtime's log above, or set tts.device = 'cpu'")
+        log.warning("%s; the voice runs on the CPU", message)
+    return session
 
 
 def load_tts(config: TTSConfig, progress: Progress) -> TTS:
@@ -240,7 +271,9 @@ def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
         from piper import PiperVoice
 
         voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
-        voice.session = _session_with_threads(model, voice_threads(config.threads), config.spinning)
+        voice.session = _session_with_threads(
+            model, voice_threads(config.threads), config.spinning, config.device
+        )
         speakers = int(voice.config.num_speakers)
         if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
             raise ConfigError(

@@ -15,7 +15,15 @@ from engine.tts.alignment import PAUSE
 from engine.tts.base import OUTPUT_RATE, Synthesis
 from engine.tts.config import TTSConfig
 from engine.tts.factory import load_tts
-from engine.tts.piper_backend import LEAD_KEEP_S, LEAD_QUIET, PiperTTS, SourceSpeech, resolve_voice
+from engine.tts.piper_backend import (
+    CUDA_OPTIONS,
+    LEAD_KEEP_S,
+    LEAD_QUIET,
+    PiperTTS,
+    SourceSpeech,
+    resolve_voice,
+    voice_providers,
+)
 from engine.tts.resample import output_length
 
 pytestmark = pytest.mark.integration
@@ -177,3 +185,28 @@ def test_voice_pool_sleeps_between_ops_unless_asked_to_spin(spinning: bool) -> N
     assert options.intra_op_num_threads == 2
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == ("1" if spinning else "0")
     assert len(loaded.synthesize_blocking("Still speaking.").pcm) > 0
+
+
+def test_the_voice_runs_where_tts_device_says() -> None:
+    cuda = ("CUDAExecutionProvider", CUDA_OPTIONS)
+    assert voice_providers("cpu", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        "CPUExecutionProvider"
+    ]
+    assert voice_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    assert voice_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        cuda,
+        "CPUExecutionProvider",
+    ]
+    assert voice_providers("cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"])[0] == cuda
+    with pytest.raises(ConfigError, match="onnxruntime-gpu"):
+        voice_providers("cuda", ["CPUExecutionProvider"])
+
+
+def test_asking_for_cuda_without_its_provider_is_a_clear_error(tts: PiperTTS) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this ONNX Runtime has the CUDA provider")
+    with pytest.raises(ConfigError, match=r"tts.device = 'cuda'.*onnxruntime-gpu"):
+        load_tts(TTSConfig(device="cuda"), silent_progress)
+    assert tts.device == "cpu" and "(cpu," in tts.describe()  # 'auto' here: the CPU
