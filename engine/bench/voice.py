@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from engine.bench.video import (
     record_video,
 )
 from engine.clock import MediaClock
+from engine.heap import freeze_loaded_heap
 from engine.server.capacity import LoopLag
 from engine.server.credentials import read_host_token
 from engine.tasks import TaskOwner
@@ -359,6 +361,8 @@ async def run_voice_bench(
     # engine's ICE consent checks (within 500 ms, or the engine closes the session).
     loop_lag = LoopLag(window_s=float("inf"))
     lag_watch = asyncio.ensure_future(loop_lag.watch())
+    if not gc.get_freeze_count():  # the client's imports and questions: its collections skip them too
+        freeze_loaded_heap()
     try:
         await conn.open()  # inside: a refused offer still closes the peer and the HTTP client
         await asyncio.sleep(0.5 + start_delay_s)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from engine.avatar.delivery import resolve_profile
 from engine.avatar.live import RenderPool, renderer_factory
 from engine.config import Settings
+from engine.heap import CollectionPauses, freeze_loaded_heap
 from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
 from engine.native import model_executor
@@ -124,6 +125,8 @@ class Engine:
             "How late the event loop woke up, P90 over the last 10 s (it paces every session's media)",
             registry=self.registry,
         ).set_function(lambda: self.capacity.loop_lag.summary_ms()["p90"] or 0.0)
+        self.gc_pauses = CollectionPauses(self.registry)
+        self.gc_pauses.watch()
         self._owner = TaskOwner("engine")
         self._ready = asyncio.Event()
         if models is not None:
@@ -184,6 +187,7 @@ class Engine:
             log.exception("loading models failed")
             self.status.state, self.status.error = "failed", f"{type(e).__name__}: {e}"
             return
+        freeze_loaded_heap()  # what is loaded now is never garbage: later collections skip it (engine/heap.py)
         self.status.state, self.status.message, self.status.fraction = "ready", "ready", 1.0
         self._ready.set()
 
@@ -269,6 +273,7 @@ class Engine:
         self.prompt_factory = lambda sid: persona
 
     async def shutdown(self) -> None:
+        self.gc_pauses.stop()
         for sid in list(self.sessions):
             await self.close_session(sid)
         await self._owner.cancel_all()
