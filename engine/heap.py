@@ -1,12 +1,14 @@
 """Python's cyclic garbage collector and a loaded engine.
 
 A full collection walks every tracked object. Once the models, the runtimes' Python layers and the persona
-bank are loaded that is ~200k objects, and a full collection of them took 95-115 ms here with every Python
-thread held: the event loop, the video track and the audio track all wait, and the viewer sees a frame come
-~100 ms late (the bench's longest frame interval at the receiver was 160-225 ms in 20-turn runs). Nothing
-loaded at start-up is garbage, so once the engine is ready :func:`freeze_loaded_heap` moves it all to the
-permanent generation (``gc.freeze``): later collections walk only what sessions made since.
-:class:`CollectionPauses` times every collection for ``/metrics``.
+bank are loaded that is ~200-500k objects, and a full collection of them took 95-115 ms on the 2-core machine
+with every Python thread held: the event loop, the video track and the audio track all wait. CPython runs one
+only when the objects that survived since the last grow past a quarter of the long-lived ones, so it is rare
+(two 20-turn runs with and without this module showed no difference in the viewer's frame pacing,
+docs/PERFORMANCE.md), but when it comes every session stalls at once. Nothing loaded at start-up is garbage,
+so once the engine is ready :func:`freeze_loaded_heap` moves it all to the permanent generation
+(``gc.freeze``): later collections walk only what sessions made since. :class:`CollectionPauses` times every
+collection for ``/metrics``, where a studio sees whether they matter on its machines.
 """
 
 from __future__ import annotations
