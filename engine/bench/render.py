@@ -25,6 +25,9 @@ def run_render_bench_cli(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.backends:
         backends = args.backends.split(",")
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise SystemExit(f"--backends: unknown {', '.join(unknown)} (known: {', '.join(BACKENDS)})")
     else:  # all, but ONNX Runtime only where it has a GPU (on the CPU it is the slow float path: ask for it)
         import onnxruntime
 
