@@ -173,33 +173,30 @@ def hf_state_dict(variables: dict[str, np.ndarray], layers: tuple[int, int]) -> 
             if name != "k_proj":
                 out[f"{dst}.{name}.bias"] = b
 
+    def attention_and_ffn(dst: str, src: str) -> None:  # what encoder and decoder layers share
+        split(f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{src}/self_attention/linear_0")
+        linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
+        norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
+        linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
+        linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
+        norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
+
     for conv in ("conv1", "conv2"):
         linear(f"model.encoder.{conv}", f"encoder/{conv}")
     out["model.encoder.embed_positions.weight"] = variables["encoder/position_encodings/encodings"]
     norm("model.encoder.layer_norm", "encoder/layer_norm")
     for i in range(layers[0]):
-        dst, src = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
-        split(f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{src}/self_attention/linear_0")
-        linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
-        linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
-        linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
-        norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
+        attention_and_ffn(f"model.encoder.layers.{i}", f"encoder/layer_{i}")
     out["model.decoder.embed_tokens.weight"] = variables["decoder/embeddings/weight"]
     out["model.decoder.embed_positions.weight"] = variables["decoder/position_encodings/encodings"]
     norm("model.decoder.layer_norm", "decoder/layer_norm")
     for i in range(layers[1]):
         dst, src = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
-        split(f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), f"{src}/self_attention/linear_0")
-        linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
+        attention_and_ffn(dst, src)
         linear(f"{dst}.encoder_attn.q_proj", f"{src}/attention/linear_0")
         split(f"{dst}.encoder_attn", ("k_proj", "v_proj"), f"{src}/attention/linear_1")
         linear(f"{dst}.encoder_attn.out_proj", f"{src}/attention/linear_2")
         norm(f"{dst}.encoder_attn_layer_norm", f"{src}/attention/layer_norm")
-        linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
-        linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
-        norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
     return out
 
 
