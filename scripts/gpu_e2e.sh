@@ -167,6 +167,8 @@ EOF
         --json > "$OUT/bench.json" 2> "$OUT/bench.log"
     echo "bench exit $?"
     tail -5 "$OUT/bench.log"
+    # a debug log is larger than a call brings back whole: it travels compressed
+    if [ -n "${VERBOSE:-}" ]; then gzip -f "$OUT/bench.log"; fi
     python3 - "$OUT/bench.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
