@@ -97,8 +97,9 @@ PROMPT_IDS: dict[int, list[int]] = {
 
 
 def prompt_ids_for(model: nn.Module) -> list[int]:
-    """sot, en, transcribe, notimestamps (sot, notimestamps for an English-only model): from the model's generation_config when it has the maps, else by
-    vocabulary size (the published ids), else the last four ids below the vocabulary (toy models)."""
+    """sot, en, transcribe, notimestamps (sot, notimestamps for an English-only model): from the model's
+    generation_config when it has the maps, else by vocabulary size (the published ids), else the last four
+    ids below the vocabulary (toy models)."""
     cfg: Any = cast(Any, model).config
     gen: Any = getattr(model, "generation_config", None)
     lang = getattr(gen, "lang_to_id", None)

