@@ -26,6 +26,7 @@ from engine.server.engine import Engine
 from engine.server.guard import is_loopback
 from engine.surfaces.broker import BrokerStartError
 from engine.surfaces.routes import register_surfaces
+from engine.transport import encoders
 from persona.http import register_routes as register_persona_routes
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def serve(settings: Settings) -> int:
     # models' threads: at Python's 5 ms it woke ~100 ms late with 16 sessions (docs/PERFORMANCE.md).
     sys.setswitchinterval(settings.server.gil_switch_ms / 1000.0)
     set_model_nice(settings.server.model_nice)  # before any model loads (engine/native.py)
+    encoders.install(encoders.EncoderPolicy(per_encoder=settings.server.video_encoder_threads))
     host, port = settings.server.host, settings.server.port
     try:
         credentials, created = Credentials.from_settings(

@@ -11,7 +11,6 @@ typical hallucinations on near-silent input. Nothing here is async: callers run
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
 from engine.asr.trim import loud_bounds
+from engine.cores import usable_cores
 
 SAMPLE_RATE = 16000
 FRAMES_PER_S = 100  # log-mel frames (hop 160)
@@ -82,11 +82,7 @@ def resolve_device(device: str) -> str:
 def default_threads() -> int:
     """Half the cores, 1 to 4: CTranslate2's OpenMP threads slow down several-fold when
     other stages compete for the same cores (measured 5-7x on 2 busy cores)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, usable_cores() // 2))
 
 
 def normalise(text: str) -> str:

@@ -164,11 +164,11 @@ def resolve_profile(profile: str, character: str = "builtin:default") -> str:
         import torch
 
         from engine.avatar.backends.select import select_backend
-        from engine.transport.encoders import available_cores
+        from engine.cores import usable_cores
 
         def measure() -> DeliveryCost:
             return measure_delivery(select_backend("torch", "720p", character), AUTO_PROBE_FRAMES)
 
-        _auto[character] = choose_auto_profile(available_cores(), torch.cuda.is_available(), measure)
+        _auto[character] = choose_auto_profile(usable_cores(), torch.cuda.is_available(), measure)
         log.info("avatar.profile auto: %s (%s)", *_auto[character])
     return _auto[character][0]

@@ -37,6 +37,7 @@ import aiohttp
 
 from engine.bench.stats import summarize
 from engine.bench.voice import Question, run_voice_bench
+from engine.cores import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ async def engine_capacity(url: str, token: str | None = None) -> dict[str, Any] 
 
 def default_client_procs(n: int) -> int:
     """Worker processes for ``n`` clients: one per two clients, one per two cores at most (1: in-process)."""
-    return max(1, min((n + 1) // 2, (os.cpu_count() or 1) // 2))
+    return max(1, min((n + 1) // 2, usable_cores() // 2))
 
 
 def core_slices(cores: Sequence[int], procs: int) -> list[set[int]]:

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.cores import usable_cores
 from engine.llm.base import ChatMessage, LLMError
 from engine.llm.config import LLMConfig
 from engine.llm.hf_models import ModelSource, resolve_source
@@ -81,31 +82,24 @@ SAMPLING_OPTIONS = frozenset(
 )
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def decode_threads(setting: int) -> int:
     """llama.cpp's decode threads: the setting, or half the cores (1 to 4). A decode step is memory-bound
     and the reply's first chunk is being synthesized meanwhile: on 2 cores Piper took 85 ms for 4 words beside
     a 1-thread decode and 100 ms beside a 2-thread one (scripts/tts_first_chunk.py, docs/PERFORMANCE.md),
     and the renderer and the encoder need that core too."""
-    return setting if setting > 0 else max(1, min(4, _cores() // 2))
+    return setting if setting > 0 else max(1, min(4, usable_cores() // 2))
 
 
 def prefill_threads(setting: int) -> int:
     """llama.cpp's prefill (prompt batch) threads: the setting, or all cores up to 4 (short bursts that the
     first token waits for)."""
-    return setting if setting > 0 else max(1, min(4, _cores()))
+    return setting if setting > 0 else max(1, min(4, usable_cores()))
 
 
 def compute_threads(contexts: int, threads: int, prefill: int) -> int:
     """The model's compute threads: as many calls at once as there are contexts, but no more OpenMP teams
     than the cores hold (one on 2 cores with 2 prefill threads; see the module's docstring)."""
-    return max(1, min(contexts, _cores() // max(1, threads, prefill)))
+    return max(1, min(contexts, usable_cores() // max(1, threads, prefill)))
 
 
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:

@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from engine.cores import usable_cores
 from engine.llm.streaming import END_OF_TURN_TOKENS
 
 
@@ -18,7 +18,7 @@ def cpu_threads(setting: int) -> int:
     """Torch threads for CPU inference (process-wide: the frame renderer shares them)."""
     if setting > 0:
         return setting
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return 1 if cores <= 2 else cores // 2
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import CapacityConfig
+from engine.cores import usable_cpu
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +142,8 @@ def machine_busy_cores_s() -> float | None:
 
 
 def machine_cores() -> float:
-    try:
-        return float(len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return float(os.cpu_count() or 1)
+    """The CPU this engine may use, in cores (affinity capped by a container's quota: engine/cores.py)."""
+    return usable_cpu()
 
 
 def _gpu_memory() -> tuple[float, float] | None:

@@ -3,13 +3,18 @@
 aiortc's VP8 encoder picks its thread count from the frame size and ``multiprocessing.cpu_count()`` alone
 (2 threads at 720p on 3+ cores, 3 above 1280×960 on 6+, 8 at 1080p on 9+), whatever else runs. With many
 sessions that oversubscribes the machine: on the H200 host's 16 cores, 16 concurrent VP8 720p encoders
-fell from ~1,200 frames/s in total (8 streams) to ~530 (docs/PERFORMANCE.md). The policy here:
+fell from ~1,200 frames/s in total (8 streams) to ~530 (docs/PERFORMANCE.md). And a second thread buys
+little even alone: libvpx's VP8 threads split a frame by macroblock rows and wait for each other by
+spinning, so on the idol's 720p picture two threads took 2.7-2.8 ms a frame instead of 3.0 but spent
+4.3-4.6 CPU ms instead of 3.0 (an idle 2-core Xeon; at 1080p 6.4 ms and 11 CPU ms against 6.0-9.2 and
+6.0-9.2). The policy here:
 
-* the cores are the ones this process may run on (``os.sched_getaffinity``), less ``reserve`` (the render
-  thread, the voice pipeline);
-* each encoder gets aiortc's own choice for its frame size, capped at ``cores // live encoders`` and at
-  least 1: one session may use several threads, many sessions one each, and all of them together never
-  more threads than cores (until there are more encoders than cores: then one each).
+* each encoder gets at most ``server.video_encoder_threads`` threads (1 by default; 0 = aiortc's own
+  choice for its frame size);
+* the cores are the ones this process may use (``engine/cores.py``: its affinity, capped by a container's
+  CPU quota), less ``reserve`` (the render thread, the voice pipeline); each encoder's share is
+  ``cores // live encoders``, at least 1, so all of them together never ask for more threads than cores
+  (until there are more encoders than cores: then one each).
 
 :func:`install` applies it to aiortc's VP8 encoder (the codec browsers negotiate first): the number is
 read when an encoder (re)opens its codec, i.e. at the first frame and on a size or bitrate change, so a
@@ -21,20 +26,14 @@ session that joins later makes the next encoders smaller, not the running ones. 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from engine.cores import usable_cores
+
 log = logging.getLogger(__name__)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def aiortc_threads(pixels: int, cores: int) -> int:
@@ -48,17 +47,25 @@ def aiortc_threads(pixels: int, cores: int) -> int:
     return 1
 
 
-def encoder_threads(pixels: int, encoders: int, cores: int) -> int:
-    """Threads for one of ``encoders`` concurrent encoders of ``pixels``-pixel frames on ``cores`` cores."""
+def encoder_threads(pixels: int, encoders: int, cores: int, most: int = 0) -> int:
+    """Threads for one of ``encoders`` concurrent encoders of ``pixels``-pixel frames on ``cores`` cores,
+    at most ``most`` each (0: aiortc's choice for the size is the only ceiling)."""
     share = max(1, cores // max(1, encoders))
-    return max(1, min(aiortc_threads(pixels, cores), share))
+    ceiling = aiortc_threads(pixels, cores) if most <= 0 else most
+    return max(1, min(ceiling, share))
+
+
+DEFAULT_PER_ENCODER = 1  # server.video_encoder_threads' default (see above)
 
 
 class EncoderPolicy:
     """Counts the live video encoders and answers each one's thread count."""
 
-    def __init__(self, cores: int | None = None, reserve: int = 0) -> None:
-        self.cores = max(1, (cores if cores is not None else available_cores()) - reserve)
+    def __init__(
+        self, cores: int | None = None, reserve: int = 0, per_encoder: int = DEFAULT_PER_ENCODER
+    ) -> None:
+        self.cores = max(1, (cores if cores is not None else usable_cores()) - reserve)
+        self.per_encoder = per_encoder  # the most threads one encoder gets (0: aiortc's choice by size)
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -72,7 +79,7 @@ class EncoderPolicy:
             return len(self._live)
 
     def threads(self, pixels: int) -> int:
-        return encoder_threads(pixels, self.live, self.cores)
+        return encoder_threads(pixels, self.live, self.cores, self.per_encoder)
 
 
 _installed: EncoderPolicy | None = None
@@ -151,7 +158,11 @@ def install(policy: EncoderPolicy | None = None) -> EncoderPolicy:
         vpx.number_of_threads = number_of_threads
         vpx.av = _AvForVP8(vpx.av)  # type: ignore[assignment]
     _installed = active
-    log.info("video encoders: up to %d threads in total", active.cores)
+    log.info(
+        "video encoders: %s thread(s) each, up to %d in total",
+        active.per_encoder or "aiortc's choice of",
+        active.cores,
+    )
     return active
 
 
@@ -162,7 +173,7 @@ JOBS_PER_SESSION = 4
 
 def executor_workers(max_sessions: int, cores: int | None = None) -> int:
     """Threads for the loop's default executor when ``max_sessions`` may stream at once."""
-    return min(512, (cores if cores is not None else available_cores()) + JOBS_PER_SESSION * max_sessions)
+    return min(512, (cores if cores is not None else usable_cores()) + JOBS_PER_SESSION * max_sessions)
 
 
 def media_executor(max_sessions: int) -> ThreadPoolExecutor:
@@ -180,7 +191,6 @@ def media_executor(max_sessions: int) -> ThreadPoolExecutor:
 __all__ = [
     "EncoderPolicy",
     "aiortc_threads",
-    "available_cores",
     "encoder_threads",
     "executor_workers",
     "install",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.cores import usable_cores
 from engine.errors import ConfigError
 from engine.native import model_executor
 from engine.progress import Progress, timed
@@ -205,7 +205,7 @@ def voice_threads(setting: int) -> int:
     """ONNX Runtime threads for the voice (``tts.threads``; 0 = auto)."""
     if setting > 0:
         return setting
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return 1 if cores <= 4 else min(8, cores // 2)
 
 

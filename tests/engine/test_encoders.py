@@ -23,15 +23,23 @@ def test_threads_never_oversubscribe_the_cores() -> None:
     assert encoder_threads(P720, 1, 16) == aiortc_threads(P720, 16) == 2
     assert encoder_threads(P1080, 1, 16) == 8
     assert encoder_threads(P1080, 4, 16) == 4
-    for cores in (2, 4, 16, 64):
-        for n in range(1, 3 * cores):
-            t = encoder_threads(P1080, n, cores)
-            assert t >= 1
-            assert n * t <= max(cores, n), (cores, n, t)
+    for most in (0, 1, 3):
+        for cores in (2, 4, 16, 64):
+            for n in range(1, 3 * cores):
+                t = encoder_threads(P1080, n, cores, most)
+                assert 1 <= t <= (most or 8)
+                assert n * t <= max(cores, n), (cores, n, t)
+
+
+def test_one_thread_an_encoder_by_default_and_aiortcs_choice_on_request() -> None:
+    assert EncoderPolicy(cores=16).threads(P1080) == 1
+    assert EncoderPolicy(cores=16, per_encoder=0).threads(P1080) == 8
+    assert EncoderPolicy(cores=16, per_encoder=4).threads(P1080) == 4
+    assert EncoderPolicy(cores=2, per_encoder=4).threads(P1080) == 2  # never past the cores
 
 
 def test_aiortc_vp8_encoder_takes_the_policy() -> None:
-    policy = install(EncoderPolicy(cores=16))
+    policy = install(EncoderPolicy(cores=16, per_encoder=0))
     try:
         encoders = [vpx.Vp8Encoder() for _ in range(4)]
         assert policy.live >= 4

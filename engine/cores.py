@@ -1,0 +1,61 @@
+"""How many cores this process may use: the ones it may run on, and no more than its CPU quota.
+
+Every thread count the engine picks (the models' pools, the video encoders, the capacity estimate) starts
+from here. ``os.cpu_count()`` is the machine's; what a process may use is less:
+
+* its **affinity** (``taskset``, a pinned container): ``os.sched_getaffinity``;
+* its **CPU quota** (a container's ``--cpus``, a Kubernetes CPU limit): the cgroup's ``cpu.max`` (v2) or
+  ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1). A pod limited to 4 CPUs on a 64-core node sees all 64
+  in its affinity; sizing pools by that makes 64 threads share 4 cores' worth of time, and the kernel then
+  throttles the whole container for the rest of each period.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def affinity_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_quota(root: Path = CGROUP) -> float | None:
+    """The cgroup's CPU limit in cores (``2.5`` for a quota of 250 ms per 100 ms), or None without one."""
+    try:
+        quota, period = (
+            (root / "cpu.max").read_text().split()[:2]
+        )  # cgroup v2: "max 100000" or "250000 100000"
+        if quota == "max":
+            return None
+        return int(quota) / int(period) if int(period) > 0 else None
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cpu(root: Path = CGROUP) -> float:
+    """The CPU time this process may use, in cores: its affinity, capped by its quota (may be fractional)."""
+    cores = float(affinity_cores())
+    quota = cpu_quota(root)
+    return max(min(cores, quota), 0.01) if quota is not None else cores
+
+
+def usable_cores(root: Path = CGROUP) -> int:
+    """Whole cores for sizing thread pools: :func:`usable_cpu` rounded up, at least 1."""
+    return max(1, math.ceil(usable_cpu(root) - 1e-9))
+
+
+__all__ = ["affinity_cores", "cpu_quota", "usable_cores", "usable_cpu"]
