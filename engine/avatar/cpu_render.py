@@ -38,7 +38,7 @@ from torch import Tensor
 
 from engine.avatar import sdf
 from engine.avatar.character import clip_box
-from engine.avatar.features import Box
+from engine.avatar.features import Box, draw_features
 from engine.avatar.generator import FrameGenerator, to_uint8
 from engine.avatar.groups import GroupLayer
 from engine.avatar.params import INDEX, NUM_PARAMS
@@ -285,16 +285,12 @@ class CpuRenderer:
         static art and the other features around them recomposed there); their absolute boxes."""
         layer = g.layer
         redrawn: list[Box] = []
+        stale = self._draw_stale_features(g, st, p, pc)
         for n, (mbox, recipe) in enumerate(layer.patches):
             key = pc[g.inputs[n]].tobytes()
             if key == st.patch_keys[n]:
                 continue
-            boxes = []
-            for item in recipe:
-                if isinstance(item, int):
-                    hit = st.feats.get(item)
-                    if hit is None or hit[0] != pc[g.feat_inputs[item]].tobytes():
-                        boxes.append(layer.feats[item].box)
+            boxes = [layer.feats[item].box for item in recipe if isinstance(item, int) and item in stale]
             rects = [mbox] if st.patch_keys[n] is None else merge_boxes(boxes)
             if not st.own:
                 st.canvas, st.own = st.canvas.copy(), True
@@ -305,6 +301,26 @@ class CpuRenderer:
                 redrawn.append(rect)
             st.patch_keys[n] = key
         return redrawn
+
+    @staticmethod
+    def _draw_stale_features(g: _Group, st: _GroupState, p: Tensor, pc: np.ndarray) -> list[int]:
+        """The features of changed patches whose inputs changed (their indices). Two or more are drawn here,
+        into the slot's feature cache, twins (the two eyes) in one batched call (``draw_features``), where
+        ``_compose`` finds them; a single one ``_compose`` draws as it goes."""
+        layer = g.layer
+        stale: list[int] = []
+        for n, (_, recipe) in enumerate(layer.patches):
+            if pc[g.inputs[n]].tobytes() == st.patch_keys[n]:
+                continue
+            for item in recipe:
+                if isinstance(item, int) and item not in stale:
+                    hit = st.feats.get(item)
+                    if hit is None or hit[0] != pc[g.feat_inputs[item]].tobytes():
+                        stale.append(item)
+        if len(stale) >= 2:
+            for item, out in zip(stale, draw_features([layer.feats[i] for i in stale], p), strict=True):
+                st.feats[item] = (pc[g.feat_inputs[item]].tobytes(), out)
+        return stale
 
     @staticmethod
     def _compose(

@@ -13,7 +13,7 @@ from PIL import Image
 from engine.avatar.backends.torch_cpu import TorchBackend
 from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage
 from engine.avatar.delivery import speaking_params
-from engine.avatar.features import GAZE_X
+from engine.avatar.features import GAZE_X, draw_features
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
 from engine.avatar.loaders import load_character
 from engine.avatar.params import INDEX, NUM_PARAMS
@@ -183,3 +183,19 @@ def test_compositor_background_and_packed_alpha() -> None:
     side = np.concatenate([frame[..., :3], np.repeat(frame[..., 3:4], 3, axis=2)], axis=1)
     diff = np.abs(packed.astype(int) - _swscale(side).astype(int))
     assert diff[:360].max() <= 1 and diff[360:].mean() < 0.2, (diff[:360].max(), diff[360:].mean())
+
+
+def test_the_two_eyes_are_drawn_as_one_batch_with_the_same_pixels() -> None:
+    gen = generator("720p")
+    feats = [f for layer in gen.groups for f in layer.feats]
+    by_name = {f.name: f for f in feats}
+    assert by_name["eye_l"].twin_of(by_name["eye_r"]) and by_name["eye_r"].twin_of(by_name["eye_l"])
+    assert not by_name["eye_l"].twin_of(by_name["eye_l"]) and not by_name["eye_l"].twin_of(by_name["mouth"])
+    p = speaking_params(12, 1)[11]
+    p[0, INDEX["eye_open_l"]], p[0, INDEX["eye_open_r"]] = 0.3, 0.9  # a wink: each eye its own lid
+    pt = torch.from_numpy(p)
+    with torch.no_grad():
+        together = draw_features(feats, pt)
+        for feat, got in zip(feats, together, strict=True):
+            assert got.shape == (1, 4, feat.box[3], feat.box[2])
+            assert torch.equal(got, feat(pt)), feat.name
