@@ -38,6 +38,9 @@ VARIANTS = {
     "aiortc": {},
     "denoiser off": {"noise-sensitivity": "0"},
     "denoiser off, cpu-used -8": {"noise-sensitivity": "0", "cpu-used": "-8"},
+    "denoiser off, cpu-used -12": {"noise-sensitivity": "0", "cpu-used": "-12"},
+    "denoiser off, cpu-used -16": {"noise-sensitivity": "0", "cpu-used": "-16"},
+    "denoiser off, static-thresh 100": {"noise-sensitivity": "0", "static-thresh": "100"},
 }
 
 

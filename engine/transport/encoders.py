@@ -84,10 +84,13 @@ class EncoderPolicy:
 
 _installed: EncoderPolicy | None = None
 
-# libvpx options set on top of aiortc's. Its temporal denoiser (aiortc asks for noise-sensitivity 4) is made for
-# camera noise; on a rendered picture it only costs CPU and softens the frame: the 720p idol, 90 frames, one
-# thread, `scripts/vp8_options.py`: 3.6-4.9 -> 2.3-2.9 CPU ms a frame, PSNR 50.3 -> 52.7 dB, the same bitrate.
-VP8_OPTIONS = {"noise-sensitivity": "0"}
+# libvpx options set on top of aiortc's (the idol's picture, one thread, `scripts/vp8_options.py`):
+# * its temporal denoiser (aiortc asks for noise-sensitivity 4) is made for camera noise; on a rendered picture
+#   it only costs CPU and softens the frame: 720p 3.6-4.9 -> 2.3-2.9 CPU ms a frame, PSNR 50.3 -> 52.7 dB;
+# * libvpx's fastest real-time speed (aiortc asks for -6): 720p 2.8 -> 2.2 CPU ms a frame, PSNR 52.7 -> 51.8 dB;
+#   360p 1.17 -> 0.81 ms at the same 56.1 dB; 1080p 8.2 -> 6.6 ms, 49.0 -> 47.7 dB; the same bitrate
+#   (2026-12-05, AMX Xeon). The encoders are the largest CPU cost of many sessions on a GPU box.
+VP8_OPTIONS = {"noise-sensitivity": "0", "cpu-used": "-16"}
 
 
 class _VP8Context:

@@ -66,7 +66,8 @@ def test_aiortc_vp8_encoder_runs_without_its_denoiser_and_its_frames_decode() ->
         assert payloads
         assert encoder.codec is not None
         given = encoder.codec.given_options
-        assert given["noise-sensitivity"] == "0" and given["deadline"] == "realtime"  # aiortc's own stay
+        assert given["noise-sensitivity"] == "0" and given["cpu-used"] == "-16"
+        assert given["deadline"] == "realtime"  # aiortc's own stay
         assert (
             "noise-sensitivity" not in encoder.codec.options
         )  # libvpx took it (it keeps what it does not know)
