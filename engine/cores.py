@@ -29,10 +29,8 @@ def affinity_cores() -> int:
 
 def cpu_quota(root: Path = CGROUP) -> float | None:
     """The cgroup's CPU limit in cores (``2.5`` for a quota of 250 ms per 100 ms), or None without one."""
-    try:
-        quota, period = (
-            (root / "cpu.max").read_text().split()[:2]
-        )  # cgroup v2: "max 100000" or "250000 100000"
+    try:  # cgroup v2: "max 100000" (no limit) or "250000 100000"
+        quota, period = (root / "cpu.max").read_text().split()[:2]
         if quota == "max":
             return None
         return int(quota) / int(period) if int(period) > 0 else None
