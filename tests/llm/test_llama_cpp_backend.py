@@ -290,12 +290,12 @@ def test_sampler_controls() -> None:
 def test_no_more_compute_threads_than_openmp_teams_the_cores_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.llm import llama_cpp_backend
 
-    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 2)
+    monkeypatch.setattr(llama_cpp_backend, "usable_cores", lambda: 2)
     assert llama_cpp_backend.compute_threads(contexts=4, threads=1, prefill=2) == 1
-    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 16)
+    monkeypatch.setattr(llama_cpp_backend, "usable_cores", lambda: 16)
     assert llama_cpp_backend.compute_threads(contexts=4, threads=2, prefill=4) == 4
     assert llama_cpp_backend.compute_threads(contexts=2, threads=2, prefill=4) == 2
-    monkeypatch.setattr(llama_cpp_backend, "_cores", lambda: 1)
+    monkeypatch.setattr(llama_cpp_backend, "usable_cores", lambda: 1)
     assert llama_cpp_backend.compute_threads(contexts=4, threads=1, prefill=1) == 1
 
 
