@@ -86,6 +86,9 @@ def settings() -> Settings:
 
     s = load_settings(environ={})
     s.avatar.enabled = False
+    # an engine handed its models builds its renderer at the first frame, where compiling the features would
+    # hold that frame for seconds: eager here; the compiled features have tests/avatar/test_kernels.py
+    s.avatar.cpu_kernels = "off"
     s.mqtt.enabled = False
     s.llm.temperature = 0.0
     s.llm.max_new_tokens = 40

@@ -38,10 +38,13 @@ from torch import Tensor
 
 from engine.avatar import sdf
 from engine.avatar.character import clip_box
-from engine.avatar.features import Box, draw_features
+from engine.avatar.config import KernelMode
+from engine.avatar.features import Box
 from engine.avatar.generator import FrameGenerator, to_uint8
 from engine.avatar.groups import GroupLayer
-from engine.avatar.params import INDEX, NUM_PARAMS
+from engine.avatar.kernels import FeatureKernels
+from engine.avatar.params import INDEX, NUM_PARAMS, default_params
+from engine.progress import Progress
 
 Affine = tuple[float, float, float, float, float, float]  # m00, m01, m10, m11, t0, t1: frame = M·canvas + t
 
@@ -133,9 +136,10 @@ class _Slot:
 class _Group:
     """One group's uint8 art and the geometry the renderer needs, built once from its GroupLayer."""
 
-    def __init__(self, layer: GroupLayer) -> None:
+    def __init__(self, layer: GroupLayer, kernels: KernelMode) -> None:
         self.layer = layer
         self.kind = layer.kind
+        self.kernels = FeatureKernels(layer.feats, kernels)
         self.canvas = _u8(layer.canvas[0])
         self.cbox = layer.cbox
         self.feat_inputs = [list(f.inputs) for f in layer.feats]
@@ -196,20 +200,29 @@ class CpuRenderer:
     """Renders params ``[B, P]`` into uint8 premultiplied RGBA frames ``[B, H, W, 4]``, redrawing only the
     boxes that changed since each buffer's previous frame (see :attr:`damage`)."""
 
-    def __init__(self, generator: FrameGenerator, threads: int = 1) -> None:
+    def __init__(self, generator: FrameGenerator, threads: int = 1, kernels: KernelMode = "off") -> None:
         cv2.setNumThreads(threads)  # process-wide; nothing else here uses OpenCV
         self.generator = generator
         self.width, self.height = generator.width, generator.height
         self.static = _u8(generator.static[0])
         # summed-area table of "static art here": a box of it empty is drawn into directly, not laid over
         self._static_sat = cv2.integral((self.static[..., 3] > 0).astype(np.uint8))
-        self.groups = [_Group(layer) for layer in generator.groups]
+        self.groups = [_Group(layer, kernels) for layer in generator.groups]
         self._quanta, self._quantized = _input_quanta(self.groups)
         self._buffers: dict[int, np.ndarray] = {}
         self._slots: dict[int, list[_Slot]] = {}
         self._ids = itertools.count()
         self._buffer_ids: dict[tuple[int, int], int] = {}
         self.damage: list[Damage] = []
+
+    def compile_features(self, progress: Progress | None = None) -> int:
+        """Compile the features' kernels (``kernels`` "auto" or "on": engine/avatar/kernels.py); blocking,
+        seconds. How many feature groups run compiled."""
+        with torch.inference_mode():  # the renderer calls them on inference tensors: the same guards
+            example = torch.from_numpy(default_params()).view(1, NUM_PARAMS)
+            for g in self.groups:
+                g.kernels.build(example, progress)
+        return sum(g.kernels.compiled for g in self.groups)
 
     def _slots_for(self, batch: int) -> list[_Slot]:
         if batch not in self._slots:
@@ -305,7 +318,7 @@ class CpuRenderer:
     @staticmethod
     def _draw_stale_features(g: _Group, st: _GroupState, p: Tensor, pc: np.ndarray) -> list[int]:
         """The features of changed patches whose inputs changed (their indices). Two or more are drawn here,
-        into the slot's feature cache, twins (the two eyes) in one batched call (``draw_features``), where
+        into the slot's feature cache, twins (the two eyes) in one batched call (``FeatureKernels.draw``), where
         ``_compose`` finds them; a single one ``_compose`` draws as it goes."""
         layer = g.layer
         stale: list[int] = []
@@ -318,7 +331,7 @@ class CpuRenderer:
                     if hit is None or hit[0] != pc[g.feat_inputs[item]].tobytes():
                         stale.append(item)
         if len(stale) >= 2:
-            for item, out in zip(stale, draw_features([layer.feats[i] for i in stale], p), strict=True):
+            for item, out in zip(stale, g.kernels.draw(stale, p), strict=True):
                 st.feats[item] = (pc[g.feat_inputs[item]].tobytes(), out)
         return stale
 
@@ -344,7 +357,7 @@ class CpuRenderer:
             k = pc[g.feat_inputs[item]].tobytes()
             cached = st.feats.get(item)
             if cached is None or cached[0] != k:
-                cached = (k, feat(p))
+                cached = (k, g.kernels.draw([item], p)[0])
                 st.feats[item] = cached
             hx, hy, hw, hh = hit
             fx, fy = hx - feat.box[0], hy - feat.box[1]

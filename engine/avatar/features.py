@@ -93,7 +93,7 @@ class Feature(nn.Module):
 
     def twin_of(self, other: Feature) -> bool:
         """Whether ``other`` is drawn by this feature's code with its sizes and colours, only its place and
-        side differing, so that :func:`draw_features` draws both in one batched call. No by default."""
+        side differing, so that both are drawn in one batched call (:func:`twin_groups`). No by default."""
         return False
 
     @classmethod
@@ -103,25 +103,23 @@ class Feature(nn.Module):
         raise NotImplementedError
 
 
-def draw_features(feats: Sequence[Feature], p: Tensor) -> list[Tensor]:
-    """Each feature's output ``[1, 4, h, w]`` for one frame ``p`` ``[1, P]``; twins in one batched call.
+def twin_groups(feats: Sequence[Feature]) -> list[list[int]]:
+    """``feats``' indices, each feature with its twins (:meth:`Feature.twin_of`), in order of first
+    appearance: the groups :meth:`Feature.draw_twins` draws in one batched call.
 
     A procedural feature's cost on the CPU is its ~300 small tensor ops, not its pixels (an eye at 360p
     took 0.86 ms, at 1080p 1.18): two eyes drawn as one batch of two took 1.06 ms at 720p, one by one 1.80.
     The same maths either way (bit-identical outputs).
     """
-    out: list[Tensor | None] = [None] * len(feats)
+    grouped: set[int] = set()
+    groups: list[list[int]] = []
     for i, feat in enumerate(feats):
-        if out[i] is not None:
+        if i in grouped:
             continue
-        group = [i] + [j for j in range(i + 1, len(feats)) if out[j] is None and feat.twin_of(feats[j])]
-        if len(group) == 1:
-            out[i] = feat(p)
-            continue
-        drawn = type(feat).draw_twins([feats[j] for j in group], p)
-        for k, j in enumerate(group):
-            out[j] = drawn[k : k + 1]
-    return [t for t in out if t is not None]
+        group = [i] + [j for j in range(i + 1, len(feats)) if j not in grouped and feat.twin_of(feats[j])]
+        grouped.update(group)
+        groups.append(group)
+    return groups
 
 
 class ProceduralFeature(Feature):

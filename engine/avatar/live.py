@@ -28,6 +28,7 @@ from engine.avatar.config import AvatarConfig
 from engine.avatar.cpu_render import Damage
 from engine.avatar.picture import Compositor
 from engine.avatar.profiles import profile_size
+from engine.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +49,19 @@ def changing_region(backend: FrameBackend) -> Region:
     return tuple(region) if region is not None else (0, 0, backend.width, backend.height)  # type: ignore[return-value]
 
 
-RendererFactory = Callable[[str], FrameBackend]
+RendererFactory = Callable[[str, Progress | None], FrameBackend]
 
 
 def renderer_factory(config: AvatarConfig) -> RendererFactory:
-    """Build the configured character's frame backend for a profile."""
+    """Build the configured character's frame backend for a profile (blocking: seconds; the torch backend
+    compiles its face's features here, see ``avatar.cpu_kernels``)."""
 
-    def build(profile: str) -> FrameBackend:
+    def build(profile: str, progress: Progress | None = None) -> FrameBackend:
         from engine.avatar.backends import select_backend
 
-        return select_backend(config.backend, profile, config.character)
+        return select_backend(
+            config.backend, profile, config.character, cpu_kernels=config.cpu_kernels, progress=progress
+        )
 
     return build
 
@@ -79,15 +83,16 @@ class RenderPool:
         self.batches = 0
         self.frames = 0
 
-    def backend(self, profile: str) -> FrameBackend:
+    def backend(self, profile: str, progress: Progress | None = None) -> FrameBackend:
         """The backend for ``profile`` (built on first use; blocking: call from the render thread)."""
         if profile not in self._backends:
-            self._backends[profile] = self._factory(profile)
+            self._backends[profile] = self._factory(profile, progress)
         return self._backends[profile]
 
-    async def prepare(self, profile: str) -> FrameBackend:
+    async def prepare(self, profile: str, progress: Progress | None = None) -> FrameBackend:
+        """Build the backend for ``profile`` now, in the render thread (``progress`` must be thread-safe)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self.backend, profile)
+        return await loop.run_in_executor(self._thread, self.backend, profile, progress)
 
     async def render(self, profile: str, pose: Pose, finish: Finish) -> VideoFrame:
         """Pose, render and ``finish`` the frame into a video frame, all off the loop.

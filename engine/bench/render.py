@@ -43,11 +43,18 @@ def run_render_bench_cli(args: argparse.Namespace, settings: Settings) -> int:
         character=settings.avatar.character,
         cpu_max_batch=CPU_BATCHES if args.batches == DEFAULT_BATCHES else None,
         progress=_progress,
+        cpu_kernels=settings.avatar.cpu_kernels,
     )
     delivery = []
     for name in dict.fromkeys(r["backend"] for r in rows):
         for prof in profiles:
-            row = delivery_cost(name, prof, frames=max(args.frames, 30), character=settings.avatar.character)
+            row = delivery_cost(
+                name,
+                prof,
+                frames=max(args.frames, 30),
+                character=settings.avatar.character,
+                cpu_kernels=settings.avatar.cpu_kernels,
+            )
             delivery.append(row)
             _progress(
                 f"delivery {name} {prof}: {row['cpu_ms_per_s']:.0f} CPU ms per second of video "

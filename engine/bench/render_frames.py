@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from engine.avatar.backends.base import BackendUnavailable
 from engine.avatar.backends.select import select_backend
+from engine.avatar.config import KernelMode
 from engine.avatar.delivery import measure_delivery, speaking_params
 from engine.avatar.profiles import profile_size
 
@@ -47,17 +48,19 @@ def run_render_bench(
     row_budget_s: float = ROW_BUDGET_S,
     cpu_max_batch: int | None = None,
     progress: Callable[[str], None] | None = None,
+    cpu_kernels: KernelMode = "auto",
 ) -> list[dict[str, Any]]:
     """Rows ``{backend, width, height, batch, frames, ms_per_frame, cpu_ms_per_frame}``; unavailable backends
     are skipped (logged). Each row times up to ``frames`` frames or ``row_budget_s`` seconds; batches above
-    ``cpu_max_batch`` are skipped on backends that render on the CPU. ``progress`` gets a line per row."""
+    ``cpu_max_batch`` are skipped on backends that render on the CPU. ``progress`` gets a line per row.
+    ``cpu_kernels``: the torch backend's, as ``avatar.cpu_kernels`` (compiled before the timing)."""
     rows: list[dict[str, Any]] = []
     for name in backends:
         for prof in profiles:
             w, h = profile_size(prof)
             t_build = time.perf_counter()
             try:
-                backend = select_backend(name, prof, character)
+                backend = select_backend(name, prof, character, cpu_kernels=cpu_kernels)
             except BackendUnavailable as e:
                 log.warning("render bench: %s skipped: %s", name, e)
                 _emit(progress, f"{name}: unavailable ({e})")
@@ -105,10 +108,11 @@ def delivery_cost(
     codec: Literal["vp8", "h264"] = "vp8",
     character: str = "builtin:default",
     packed_alpha: bool = False,
+    cpu_kernels: KernelMode = "auto",
 ) -> dict[str, Any]:
     """CPU cost of one session's idol video (:func:`engine.avatar.delivery.measure_delivery`) as a report
     row: per frame stage by stage, and per second of 30 fps video."""
-    backend = select_backend(backend_name, profile, character)
+    backend = select_backend(backend_name, profile, character, cpu_kernels=cpu_kernels)
     cost = measure_delivery(backend, frames, codec, packed_alpha)
     return {
         "backend": backend.name,

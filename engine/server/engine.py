@@ -179,7 +179,7 @@ class Engine:
                     self._progress("avatar", "measuring what 720p video costs here (avatar.profile = auto)")
                     await asyncio.to_thread(self._resolve_profile)
                 self._progress("avatar", f"preparing the character at {self.settings.avatar.profile}")
-                await self.render_pool.prepare(self.settings.avatar.profile)
+                await self.render_pool.prepare(self.settings.avatar.profile, progress)
             if self.settings.persona.enabled:
                 self._progress("persona", "opening the persona memory bank")
                 await self.load_persona()

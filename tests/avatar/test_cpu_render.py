@@ -13,8 +13,9 @@ from PIL import Image
 from engine.avatar.backends.torch_cpu import TorchBackend
 from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage
 from engine.avatar.delivery import speaking_params
-from engine.avatar.features import GAZE_X, draw_features
+from engine.avatar.features import GAZE_X, twin_groups
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
+from engine.avatar.kernels import FeatureKernels
 from engine.avatar.loaders import load_character
 from engine.avatar.params import INDEX, NUM_PARAMS
 from engine.avatar.picture import Compositor
@@ -194,8 +195,10 @@ def test_the_two_eyes_are_drawn_as_one_batch_with_the_same_pixels() -> None:
     p = speaking_params(12, 1)[11]
     p[0, INDEX["eye_open_l"]], p[0, INDEX["eye_open_r"]] = 0.3, 0.9  # a wink: each eye its own lid
     pt = torch.from_numpy(p)
+    eyes = [feats.index(by_name["eye_l"]), feats.index(by_name["eye_r"])]
+    assert eyes in twin_groups(feats)
     with torch.no_grad():
-        together = draw_features(feats, pt)
+        together = FeatureKernels(feats, "off").draw(list(range(len(feats))), pt)
         for feat, got in zip(feats, together, strict=True):
             assert got.shape == (1, 4, feat.box[3], feat.box[2])
             assert torch.equal(got, feat(pt)), feat.name

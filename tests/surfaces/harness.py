@@ -35,6 +35,7 @@ def free_port() -> int:
 def base_settings() -> Settings:
     s = load_settings(environ={})
     s.avatar.enabled = False  # video only in the tests that look at it (it costs CPU)
+    s.avatar.cpu_kernels = "off"  # eager, as in tests/conftest.py's settings (why there)
     s.mqtt.enabled = False
     s.server.secrets_dir = tempfile.mkdtemp(prefix="idolcast-test-secrets-")  # the MQTT users, not var/
     s.llm.temperature = 0.0

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 
 from engine.avatar.backends.base import BACKENDS, BackendUnavailable, FrameBackend
+from engine.avatar.config import KernelMode
+from engine.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +21,12 @@ def select_backend(
     profile: str = "720p",
     character: str = "builtin:default",
     plan_dir: str = "trt_plans",
+    cpu_kernels: KernelMode = "off",
+    progress: Progress | None = None,
 ) -> FrameBackend:
-    """Build the backend ``name`` ('auto', 'torch', 'cuda-graph', 'onnxruntime', 'tensorrt') for ``profile``."""
+    """Build the backend ``name`` ('auto', 'torch', 'cuda-graph', 'onnxruntime', 'tensorrt') for ``profile``.
+    ``cpu_kernels``: the torch backend's face features compiled (``avatar.cpu_kernels``; seconds, reported to
+    ``progress``)."""
     from engine.avatar.loaders import load_character  # torch: only when a backend is built
 
     if name not in ("auto", *BACKENDS):
@@ -45,7 +51,7 @@ def select_backend(
     if name == "torch":
         from engine.avatar.backends.torch_cpu import TorchBackend
 
-        return TorchBackend(char, profile)
+        return TorchBackend(char, profile, kernels=cpu_kernels, progress=progress)
     if name == "cuda-graph":
         from engine.avatar.backends.cuda_graph import CudaGraphBackend
 

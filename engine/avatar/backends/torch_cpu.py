@@ -6,10 +6,12 @@ import numpy as np
 import torch
 
 from engine.avatar.character import Character
+from engine.avatar.config import KernelMode
 from engine.avatar.cpu_render import CpuRenderer, Damage
 from engine.avatar.generator import FrameGenerator
 from engine.avatar.params import NUM_PARAMS
 from engine.avatar.profiles import profile_name
+from engine.progress import Progress
 
 
 class TorchBackend:
@@ -17,6 +19,8 @@ class TorchBackend:
     batch slot, of which only the boxes that changed are redrawn (:attr:`damage` lists them).
 
     A returned array is rendered into again on the next call with the same batch size: copy what you keep.
+    With ``kernels`` "auto" or "on" the face's features are compiled here (engine/avatar/kernels.py: seconds,
+    ~30 s the first time on a machine; ``progress`` hears of it).
     """
 
     name = "torch"
@@ -26,13 +30,17 @@ class TorchBackend:
         character: Character,
         profile: str | tuple[int, int] = "720p",
         threads: int | None = None,
+        kernels: KernelMode = "off",
+        progress: Progress | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.generator = FrameGenerator(character, profile).eval()
         self.width, self.height = self.generator.width, self.generator.height
         self.profile = profile_name(self.width, self.height)
-        self.renderer = CpuRenderer(self.generator)
+        self.renderer = CpuRenderer(self.generator, kernels=kernels)
+        if kernels != "off":
+            self.renderer.compile_features(progress)
 
     @property
     def damage(self) -> list[Damage]:
