@@ -27,6 +27,7 @@ edges): within the golden images' tolerance (``tests/avatar/test_cpu_render.py``
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -87,6 +88,22 @@ def intersect(a: Box, b: Box) -> Box | None:
     if x1 <= x0 or y1 <= y0:
         return None
     return x0, y0, x1 - x0, y1 - y0
+
+
+def subtract(box: Box, hole: Box | None) -> list[Box]:
+    """``box`` less ``hole`` (inside it) as up to four boxes: the rows above and below the hole, then the
+    columns left and right of it; ``[box]`` without a hole."""
+    if hole is None:
+        return [box]
+    x, y, w, h = box
+    hx, hy, hw, hh = hole
+    parts = [
+        (x, y, w, hy - y),
+        (x, hy + hh, w, y + h - hy - hh),
+        (x, hy, hx - x, hh),
+        (hx + hw, hy, x + w - hx - hw, hh),
+    ]
+    return [p for p in parts if p[2] > 0 and p[3] > 0]
 
 
 def merge_boxes(boxes: list[Box]) -> list[Box]:
@@ -384,21 +401,21 @@ class CpuRenderer:
             sub = intersect(st.reach, box)
             if sub is None:
                 continue
-            sx, sy = sub[0] - x, sub[1] - y
-            dst = tile[sy : sy + sub[3], sx : sx + sub[2]]
-            fresh = (
-                st.visible >= 1.0
-                and self._static_empty(sub)
-                and all(intersect(d, sub) is None for d in drawn)
-            )
-            if fresh:  # nothing under it: warp straight into the frame
-                g.warp(st.canvas, st.motion, sub, dst)
-            else:
-                top = g.warp(st.canvas, st.motion, sub)
-                if st.visible < 1.0:
-                    top = cv2.convertScaleAbs(top, alpha=st.visible)
-                over(dst, top)
+            if st.visible >= 1.0:
+                # where no group is drawn yet and the static art is empty, nothing is under it: warp straight
+                # into the frame; lay it over only where something is (the head over the body: its neck)
+                under = [hit for d in drawn if (hit := intersect(d, sub)) is not None]
+                core = functools.reduce(union, under) if under else None
+                for part in ([core] if core is not None else []) + subtract(sub, core):
+                    dst = tile[part[1] - y : part[1] - y + part[3], part[0] - x : part[0] - x + part[2]]
+                    if part is not core and self._static_empty(part):
+                        g.warp(st.canvas, st.motion, part, dst)
+                    else:
+                        over(dst, g.warp(st.canvas, st.motion, part))
+            else:  # fading in (the arm): laid over at its opacity
+                dst = tile[sub[1] - y : sub[1] - y + sub[3], sub[0] - x : sub[0] - x + sub[2]]
+                over(dst, cv2.convertScaleAbs(g.warp(st.canvas, st.motion, sub), alpha=st.visible))
             drawn.append(sub)
 
 
-__all__ = ["CpuRenderer", "Damage", "intersect", "merge_boxes", "over", "union"]
+__all__ = ["CpuRenderer", "Damage", "intersect", "merge_boxes", "over", "subtract", "union"]

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from engine.avatar.backends.torch_cpu import TorchBackend
-from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage
+from engine.avatar.cpu_render import QUANTUM_PX, CpuRenderer, Damage, intersect, subtract
 from engine.avatar.delivery import speaking_params
 from engine.avatar.features import GAZE_X, twin_groups
 from engine.avatar.generator import FrameGenerator, rest_params, to_uint8
@@ -202,3 +202,16 @@ def test_the_two_eyes_are_drawn_as_one_batch_with_the_same_pixels() -> None:
         for feat, got in zip(feats, together, strict=True):
             assert got.shape == (1, 4, feat.box[3], feat.box[2])
             assert torch.equal(got, feat(pt)), feat.name
+
+
+@pytest.mark.parametrize("hole", [(10, 20, 30, 40), (0, 0, 30, 40), (0, 20, 100, 40), (0, 0, 100, 80), None])
+def test_a_box_less_a_hole_is_covered_once(hole: tuple[int, int, int, int] | None) -> None:
+    """What the renderer warps straight into the frame (the parts) and lays over (the hole) cover the box
+    exactly once between them."""
+    box = (0, 0, 100, 80)
+    parts = subtract(box, hole)
+    covered = np.zeros((80, 100), dtype=int)
+    for x, y, w, h in parts + ([hole] if hole else []):
+        assert intersect((x, y, w, h), box) == (x, y, w, h)
+        covered[y : y + h, x : x + w] += 1
+    assert (covered == 1).all()
