@@ -75,7 +75,7 @@ class FeatureKernels:
     def build(self, example: Tensor, progress: Progress | None = None) -> None:
         """Compile every procedural feature alone and every set of twins together, each run once on
         ``example`` (``[1, P]``) under inference mode, as the renderer calls them. Blocking: seconds."""
-        if self.mode == "off":
+        if self.mode == "off" or not any(isinstance(f, ProceduralFeature) for f in self.feats):
             return
         why = compiler_missing()
         if why is not None:
