@@ -19,7 +19,7 @@ class AvatarConfig(BaseModel):
     )
     cpu_kernels: KernelMode = Field(
         "auto",
-        description="the CPU renderer's face features compiled with torch.compile (a C++ compiler needed; ~30 s "
+        description="the CPU renderer's face features compiled with torch.compile (a C++ compiler needed; ~45 s "
         "the first start on a machine, cached under var/cache/inductor): an eye 0.15 ms instead of 0.9 at 720p. "
         "'auto': compiled where it works, else eager; 'on': compiled or the engine fails to load; 'off': eager",
     )

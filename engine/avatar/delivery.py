@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from engine.avatar.backends.base import FrameBackend
+from engine.avatar.config import KernelMode
 from engine.avatar.params import INDEX, VISEMES
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,10 @@ def choose_auto_profile(cores: int, gpu: bool, measure_720p: Callable[[], Delive
 _auto: dict[str, tuple[str, str]] = {}
 
 
-def resolve_profile(profile: str, character: str = "builtin:default") -> str:
+def resolve_profile(profile: str, character: str = "builtin:default", cpu_kernels: KernelMode = "off") -> str:
     """A concrete profile for ``avatar.profile``; 'auto' is decided by :func:`choose_auto_profile` once per
-    process and character (measuring costs ~1 s on a small machine: call it off the event loop)."""
+    process and character (measuring costs ~1 s on a small machine, more where ``cpu_kernels``, the renderer's
+    as ``avatar.cpu_kernels``, must first be compiled: call it off the event loop)."""
     if profile != "auto":
         return profile
     if character not in _auto:
@@ -167,7 +169,8 @@ def resolve_profile(profile: str, character: str = "builtin:default") -> str:
         from engine.cores import usable_cores
 
         def measure() -> DeliveryCost:
-            return measure_delivery(select_backend("torch", "720p", character), AUTO_PROBE_FRAMES)
+            backend = select_backend("torch", "720p", character, cpu_kernels=cpu_kernels)
+            return measure_delivery(backend, AUTO_PROBE_FRAMES)
 
         _auto[character] = choose_auto_profile(usable_cores(), torch.cuda.is_available(), measure)
         log.info("avatar.profile auto: %s (%s)", *_auto[character])

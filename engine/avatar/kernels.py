@@ -5,7 +5,7 @@ microseconds of dispatch whatever its size, so eager torch spends 0.9 ms on an e
 (720p, one core). ``torch.compile`` (Inductor's C++ backend) fuses a feature's ops into one loop: 0.15 and
 0.07 ms, the same maths to float rounding (docs/PERFORMANCE.md, "compiled features").
 
-Compiling needs a C++ compiler and costs ~30 s on two cores the first time on a machine, ~1 s a feature
+Compiling needs a C++ compiler and costs ~45 s on two cores the first time on a machine, ~5 s
 after (Inductor caches under ``$TORCHINDUCTOR_CACHE_DIR``, :data:`CACHE_DIR` unless set). ``mode``:
 
 * ``"off"``: eager, as the GPU backends' modules run;
@@ -90,7 +90,7 @@ class FeatureKernels:
             if progress is not None:
                 progress(
                     "avatar",
-                    f"compiling the face's features ({n + 1}/{len(groups)}; ~30 s the first time on a machine, "
+                    f"compiling the face's features ({n + 1}/{len(groups)}; ~45 s the first start on a machine, "
                     "cached after)",
                     n / len(groups),
                 )

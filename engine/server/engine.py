@@ -159,7 +159,7 @@ class Engine:
 
     def _resolve_profile(self) -> None:
         avatar = self.settings.avatar
-        avatar.profile = resolve_profile(avatar.profile, avatar.character)  # type: ignore[assignment]
+        avatar.profile = resolve_profile(avatar.profile, avatar.character, avatar.cpu_kernels)  # type: ignore[assignment]
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
@@ -176,7 +176,14 @@ class Engine:
                 loader.shutdown(wait=False)
             if self.render_pool is not None:
                 if self.settings.avatar.profile == "auto":
-                    self._progress("avatar", "measuring what 720p video costs here (avatar.profile = auto)")
+                    compiling = (
+                        ""
+                        if self.settings.avatar.cpu_kernels == "off"
+                        else ("; the face's features compiled first, ~45 s the first start on a machine")
+                    )
+                    self._progress(
+                        "avatar", f"measuring what 720p video costs here (avatar.profile = auto{compiling})"
+                    )
                     await asyncio.to_thread(self._resolve_profile)
                 self._progress("avatar", f"preparing the character at {self.settings.avatar.profile}")
                 await self.render_pool.prepare(self.settings.avatar.profile, progress)

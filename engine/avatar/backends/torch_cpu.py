@@ -20,7 +20,7 @@ class TorchBackend:
 
     A returned array is rendered into again on the next call with the same batch size: copy what you keep.
     With ``kernels`` "auto" or "on" the face's features are compiled here (engine/avatar/kernels.py: seconds,
-    ~30 s the first time on a machine; ``progress`` hears of it).
+    ~45 s the first time on a machine; ``progress`` hears of it).
     """
 
     name = "torch"
