@@ -4,7 +4,7 @@
     .venv/bin/python scripts/render_features_ab.py twins [PROFILE]     # the eyes as one batch vs one by one
 
 Two renderers take the same speaking frames, alternating which goes first, so a machine whose speed drifts
-from minute to minute slows both alike (docs/PERFORMANCE.md, "2026-12-05 day" and "compiled features").
+from minute to minute slows both alike (docs/PERFORMANCE.md, "2026-12-05 day" and "2026-12-05 noon").
 PROFILE defaults to 720p.
 """
 

@@ -3,7 +3,7 @@
 An eye is ~300 elementwise torch ops on a 67×70 patch (720p), the mouth ~100 on 62×49: each op costs a few
 microseconds of dispatch whatever its size, so eager torch spends 0.9 ms on an eye and 0.5 ms on the mouth
 (720p, one core). ``torch.compile`` (Inductor's C++ backend) fuses a feature's ops into one loop: 0.15 and
-0.07 ms, the same maths to float rounding (docs/PERFORMANCE.md, "compiled features").
+0.07 ms, the same maths to float rounding (docs/PERFORMANCE.md, "2026-12-05 noon").
 
 Compiling needs a C++ compiler and costs ~45 s on two cores the first time on a machine, ~5 s
 after (Inductor caches under ``$TORCHINDUCTOR_CACHE_DIR``, :data:`CACHE_DIR` unless set). ``mode``:
@@ -12,9 +12,9 @@ after (Inductor caches under ``$TORCHINDUCTOR_CACHE_DIR``, :data:`CACHE_DIR` unl
 * ``"auto"``: compiled where it works; a feature whose compile fails stays eager (logged once);
 * ``"on"``: compiled or an error (a test, or a machine where the cost matters).
 
-:class:`FeatureKernels` draws a list of features for one frame the way
-:func:`~engine.avatar.features.draw_features` does (twins, the two eyes, in one batched call) with the
-compiled kernel of each group where there is one.
+:class:`FeatureKernels` draws a list of features for one frame, twins (the two eyes,
+:func:`~engine.avatar.features.twin_groups`) in one batched call, with the compiled kernel of each group where
+there is one and eagerly where not.
 """
 
 from __future__ import annotations
