@@ -55,7 +55,10 @@ def _compile(fn: Kernel) -> Kernel:
     import torch._inductor.config as inductor
 
     inductor.cpp.threads = 1  # the features are a few thousand pixels: one thread, no OpenMP team to wake
-    compiled: Kernel = torch.compile(fn, dynamic=False, fullgraph=True)
+    # not fullgraph: with it, a call during which Python code outside the kernel runs first (a garbage
+    # collection's callbacks, engine/heap.py) can fail with "found no compiled frames" (seen once in a bench
+    # at 720p: it stopped that session's video); the features have no graph breaks (tests/avatar/test_kernels.py)
+    compiled: Kernel = torch.compile(fn, dynamic=False)
     return compiled
 
 
@@ -117,9 +120,17 @@ class FeatureKernels:
         for group in twin_groups([self.feats[i] for i in items]):
             key = tuple(items[k] for k in group)
             kernel = self._kernels.get(key)
-            if kernel is None:
-                kernel = self._eager(key)
-            drawn = kernel(p)
+            drawn = None
+            if kernel is not None:
+                try:
+                    drawn = kernel(p)
+                except Exception:  # never the frame: this group is drawn eagerly from now on
+                    log.exception(
+                        "avatar feature %s: its compiled kernel failed; drawn eagerly now", self._name(key)
+                    )
+                    del self._kernels[key]
+            if drawn is None:
+                drawn = self._eager(key)(p)
             for k, i in enumerate(key):
                 out[i] = drawn[k : k + 1]
         return [out[i] for i in items]

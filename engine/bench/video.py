@@ -114,20 +114,23 @@ def _luma_plane(frame: VideoFrame) -> np.ndarray | _LumaPlane:
     return frame.to_ndarray(format="gray")
 
 
-def frame_rate(arrivals: list[float], skip_s: float = 2.0) -> dict[str, Any]:
-    """Delivered fps: the lowest count in any one-second window, the mean, and interval jitter."""
+def frame_rate(arrivals: list[float], skip_s: float = 2.0, until: float | None = None) -> dict[str, Any]:
+    """Delivered fps: the lowest count in any one-second window, the mean, and interval jitter. The windows
+    run to ``until`` (the end of what was measured, on the same clock) where that is later than the last
+    frame: video that stopped counts as 0 frames a second, not as the last second it sent."""
     t = np.asarray(arrivals, dtype=np.float64)
     if len(t) < 10:
         return {"fps_min_1s": None, "fps_mean": None, "frame_interval_ms": summarize([])}
     t = t[t >= t[0] + skip_s]
     if len(t) < 10 or t[-1] - t[0] < 1.0:
         return {"fps_min_1s": None, "fps_mean": None, "frame_interval_ms": summarize([])}
-    starts = np.arange(t[0], t[-1] - 1.0, 0.1)
+    end = max(t[-1], until or t[-1])
+    starts = np.arange(t[0], end - 1.0, 0.1)
     counts = [int(np.searchsorted(t, s + 1.0) - np.searchsorted(t, s)) for s in starts]
     intervals = np.diff(t) * 1000.0
     return {
         "fps_min_1s": int(min(counts)),
-        "fps_mean": round(float((len(t) - 1) / (t[-1] - t[0])), 2),
+        "fps_mean": round(float((len(t) - 1) / (end - t[0])), 2),
         "frame_interval_ms": summarize(intervals.tolist()) | {"std": round(float(intervals.std()), 2)},
     }
 

@@ -423,13 +423,15 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
     from engine.lipsync.measure import summarize as summarize_offsets
 
     v, a = conn.video, conn.received
-    report: dict[str, Any] = frame_rate(v.arrivals)
+    # to the end of the last reply: a video track that died mid-run shows as 0 frames a second
+    until = max((end for _, end in replies), default=None)
+    report: dict[str, Any] = frame_rate(v.arrivals, until=until)
     # The same window counted on the frames' own media times: the frames the engine sent for each second of
     # its clock. Low here, the engine dropped frames; low only above, they arrived (or were read) bunched.
     report["fps_min_1s_media"] = frame_rate(sorted(v.pts))["fps_min_1s"]
     # ... and on the arrival of each frame's last packet, before the client's decoder: low only in the first
     # figure, the client (decoding on the same cores as the engine) read them late.
-    report["fps_min_1s_network"] = frame_rate(conn.frame_arrivals.times)["fps_min_1s"]
+    report["fps_min_1s_network"] = frame_rate(conn.frame_arrivals.times, until=until)["fps_min_1s"]
     report["video_size"] = list(v.size) if v.size else None
     if len(v.arrivals) < 30 or not a.pcm or not replies:
         report["lipsync_offset_ms"] = {"mean": None, "p95": None, "n": 0}

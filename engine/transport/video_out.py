@@ -33,6 +33,7 @@ from engine.transport.taps import Media, TappedTrack
 log = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90000
+FAILURE_LOG_S = 5.0  # a render that keeps failing is logged at most this often
 
 
 class FrameSource(Protocol):
@@ -58,6 +59,9 @@ class IdolVideoTrack(TappedTrack):
         self._index = 0
         self.dropped = 0
         self.sent = 0
+        self.failed = 0  # frames whose render failed (the one before sent again)
+        self._failure_logged = -math.inf
+        self._last: tuple[VideoFrame, dict[str, VideoFrame]] | None = None
         self.send_delay = SendDelay()
         self.extras: dict[str, VideoFrame] = {}  # other pictures of the frame returned last (see want)
         # the next frame's render, started when the last one was handed over: (its time, the render)
@@ -93,7 +97,23 @@ class IdolVideoTrack(TappedTrack):
             self.dropped += skip
             self._index += skip
             t = self._t0 + self._index / fps
-        frame, extras = await self._rendered(t)
+        try:
+            frame, extras = await self._rendered(t)
+        except Exception:
+            # aiortc's sender stops for good on an error from recv(): a frame whose render failed is the
+            # last one again (its time, its pts), and the video goes on
+            if self._last is None:
+                raise
+            self.failed += 1
+            if self.failed == 1 or now - self._failure_logged >= FAILURE_LOG_S:
+                self._failure_logged = now
+                log.exception(
+                    "video: rendering the frame at %.3f s failed (%d so far); the last frame again",
+                    t,
+                    self.failed,
+                )
+            frame, extras = self._last
+        self._last = (frame, extras)
         self._start_ahead(self._t0 + (self._index + 1) / fps)
         await self.clock.sleep_until(t)
         self._index += 1

@@ -58,6 +58,34 @@ def test_each_compiled_feature_is_the_eager_feature() -> None:
         items = list(range(len(feats)))
         for feat, got in zip(feats, drawer.draw(items, p), strict=True):
             torch.testing.assert_close(got, feat(p), atol=1e-4, rtol=0.0, msg=feat.name)
+        # whole graphs (kernels compile without fullgraph, see kernels._compile): no feature breaks its graph
+        for feat in feats:
+            if isinstance(feat, ProceduralFeature):
+                assert torch._dynamo.explain(feat)(p).graph_break_count == 0, feat.name
+
+
+def test_a_kernel_that_fails_while_drawing_costs_no_frame(caplog: pytest.LogCaptureFixture) -> None:
+    """A compiled kernel that raises mid-stream (a runtime's failure) is dropped: that frame and the next are
+    drawn eagerly, the others stay compiled."""
+    gen = generator("360p")
+    feats = [f for layer in gen.groups for f in layer.feats]
+    mouth = next(i for i, f in enumerate(feats) if f.name == "mouth")
+    drawer = FeatureKernels(feats, "on")
+    with torch.inference_mode():
+        p = torch.from_numpy(_moving(4)[0]).view(1, -1)
+        drawer.build(p)
+        compiled = drawer.compiled
+
+        def broken(_: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("the kernel failed")
+
+        drawer._kernels[(mouth,)] = broken
+        with caplog.at_level(logging.ERROR, logger="engine.avatar.kernels"):
+            for _ in range(2):
+                (got,) = drawer.draw([mouth], p)
+                assert torch.equal(got, feats[mouth](p))
+    assert caplog.text.count("mouth: its compiled kernel failed") == 1
+    assert drawer.compiled == compiled - 1
 
 
 def test_without_a_compiler_auto_draws_eagerly_and_on_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -135,3 +135,16 @@ async def test_frame_arrivals_note_each_frame_s_last_packet_before_the_decoder()
     assert abs(n - len(decoded)) <= 3  # ... counted once each, like the decoder's frames
     assert arrivals.times == sorted(arrivals.times)
     assert 20 <= float(np.median(np.diff(arrivals.times))) * 1000 <= 50  # paced at ~33 ms
+
+
+def test_video_that_stops_counts_as_no_frames_until_the_end_of_the_run() -> None:
+    """A video track that died mid-run (the bench kept measuring the voice) reads as 0 frames a second, not as
+    the last second it delivered."""
+    from engine.bench.video import frame_rate
+
+    steady = [i / 30.0 for i in range(30 * 8)]  # 8 s at 30 fps
+    assert frame_rate(steady)["fps_min_1s"] in (29, 30)
+    assert frame_rate(steady, until=7.9)["fps_min_1s"] in (29, 30)  # the last frame near the end: no gap
+    died = frame_rate(steady, until=20.0)  # the replies went on 12 s after the last frame
+    assert died["fps_min_1s"] == 0
+    assert died["fps_mean"] < 15

@@ -106,18 +106,28 @@ async def test_behind_it_drops_the_late_frames_and_the_render_started_for_them()
     track.stop()
 
 
-async def test_a_failed_render_reaches_the_sender_and_a_stopped_track_leaves_no_render_behind() -> None:
+async def test_a_failed_render_sends_the_last_frame_again_and_a_stopped_track_leaves_no_render_behind() -> (
+    None
+):
+    """aiortc's sender stops for good on an error from recv(): a frame whose render failed is the one before,
+    at its own time; the very first frame has none before it, so its failure reaches the sender."""
     clock = ScriptedClock(0.0)
     source = RecordingSource(clock)
-    track = IdolVideoTrack(clock, source)
-    source.fail_at = 1 / FPS  # the frame rendered ahead fails: the error belongs to the pull that wants it
-    await _pull(track, clock, 0.0)
+    source.fail_at = 0.0
+    first = IdolVideoTrack(clock, source)
     with pytest.raises(RuntimeError, match="render failed"):
-        await _pull(track, clock, clock.now())
+        await _pull(first, clock, 0.0)
+    first.stop()
+    track = IdolVideoTrack(clock, source)
+    source.fail_at = 1 / FPS  # the frame rendered ahead fails
+    await _pull(track, clock, 0.0)
+    repeat = await _pull(track, clock, clock.now())
+    assert _index(repeat) == 0 and repeat.pts == round(1 / FPS * VIDEO_CLOCK)
+    assert track.failed == 1 and track.sent == 2
     source.fail_at = None
-    source.hold_at = 2 / FPS  # frame 1 is rendered anew; frame 2's render, started ahead, hangs
-    again = await _pull(track, clock, 1 / FPS)
-    assert _index(again) == 1 and track.dropped == 0
+    source.hold_at = 3 / FPS  # frame 2 (rendered ahead) comes; frame 3's render, started ahead, hangs
+    again = await _pull(track, clock, 2 / FPS)
+    assert _index(again) == 2 and track.dropped == 0 and track.failed == 1
     for _ in range(5):
         await asyncio.sleep(0)
     assert source.busy == 1 and track._ahead is not None
