@@ -320,14 +320,17 @@ async def barge_in(
         await conn.wait_event("turn_completed", 60)  # the interjection's own reply
     await _settle(conn)
     stop = conn.received.quiet_from(over.sent_start, hold_s=STOPPED_HOLD_S)
-    if stop is None or not story.get("interrupted"):
+    cut = conn.interrupt_after(over.sent_start)
+    # interrupted: the story's turn says so, or (a reply whose words were all generated, still playing) the
+    # engine cut its audio before it went quiet at the receiver (same host: the cut is on our clock)
+    cut_playing = cut is not None and stop is not None and cut <= stop
+    if stop is None or not (story.get("interrupted") or cut_playing):
         log.info("barge-in round not counted: the reply was not interrupted")
         return None
     ms = round((stop - over.sent_start) * 1000.0, 1)
     if ms < MIN_REACTION_MS:
         log.info("barge-in round not counted: the reply paused by itself %.0f ms after the onset", ms)
         return None
-    cut = conn.interrupt_after(over.sent_start)
     if cut is not None and not conn.received.loud_between(cut, stop):
         # Same host: the engine's cut is known on our clock. No loud audio arrived after it, so the reply
         # had gone quiet on its own (a gap before its next chunk) and the cut only kept it so.
