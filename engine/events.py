@@ -243,7 +243,7 @@ class Interruption(Event):
     """
 
     kind: ClassVar[str] = "interrupted"
-    wire: ClassVar[tuple[str, ...]] = ("t", "reason")
+    wire: ClassVar[tuple[str, ...]] = ("t", "reason", "turn_id?")
     reason: str = "barge_in"
     cut_t: float | None = None
     turn_id: int | None = None

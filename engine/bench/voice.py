@@ -117,7 +117,8 @@ class EngineConnection:
         # The host credential (default: $IDOLCAST_TOKEN, else the local engine's var/secrets/host_token).
         self.token = token if token is not None else read_host_token()
         self.same_host = False  # set when the bench started the engine itself
-        self.interrupts: list[float] = []  # engine-clock times of the engine's "interrupted" events
+        # engine-clock times of the engine's "interrupted" events, with the turn each cut
+        self.interrupts: list[tuple[float, int | None]] = []
         self.engine_origin: float | None = None  # its clock's time.monotonic() at t = 0
         self.jitter_frames = jitter_frames
         self.clock = clock
@@ -174,7 +175,7 @@ class EngineConnection:
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     event = json.loads(msg.data)
                     if event.get("type") == "interrupted" and isinstance(event.get("t"), float):
-                        self.interrupts.append(event["t"])  # engine clock
+                        self.interrupts.append((event["t"], event.get("turn_id")))  # engine clock
                     elif event.get("type") == "turn_completed" and isinstance(
                         event.get("clock_origin"), float
                     ):
@@ -186,7 +187,14 @@ class EngineConnection:
         if not self.same_host or self.engine_origin is None:
             return None
         shift = self.engine_origin - self.clock.origin
-        return next((ti + shift for ti in self.interrupts if ti + shift >= t), None)
+        return next((ti + shift for ti, _ in self.interrupts if ti + shift >= t), None)
+
+    def cut_turn_after(self, t: float, turn_id: object) -> float | None:
+        """Our clock's time of the engine's first interrupt of ``turn_id`` after ``t`` (same host only)."""
+        if not self.same_host or self.engine_origin is None:
+            return None
+        shift = self.engine_origin - self.clock.origin
+        return next((ti + shift for ti, cut in self.interrupts if ti + shift >= t and cut == turn_id), None)
 
     async def wait_event(self, kind: str, limit_s: float, *, or_unanswered: bool = False) -> dict[str, Any]:
         """The next ``kind`` event; with ``or_unanswered`` also the engine's word that it heard speech but
@@ -322,8 +330,10 @@ async def barge_in(
     stop = conn.received.quiet_from(over.sent_start, hold_s=STOPPED_HOLD_S)
     cut = conn.interrupt_after(over.sent_start)
     # interrupted: the story's turn says so, or (a reply whose words were all generated, still playing) the
-    # engine cut its audio before it went quiet at the receiver (same host: the cut is on our clock)
-    cut_playing = cut is not None and stop is not None and cut <= stop
+    # engine cut that turn's audio before it went quiet at the receiver (same host: the cut is on our clock;
+    # not a cut of the interjection's own reply, when Whisper split it in two)
+    story_cut = conn.cut_turn_after(over.sent_start, story.get("turn_id"))
+    cut_playing = story_cut is not None and stop is not None and story_cut <= stop
     if stop is None or not (story.get("interrupted") or cut_playing):
         log.info("barge-in round not counted: the reply was not interrupted")
         return None

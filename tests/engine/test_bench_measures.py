@@ -34,12 +34,16 @@ async def test_interrupts_map_to_our_clock_only_on_one_host() -> None:
     conn = EngineConnection("http://127.0.0.1:1", clock)
     try:
         conn.engine_origin = 1002.5  # the engine's t = 0 came 2.5 s after ours
-        conn.interrupts = [1.0, 3.0]
+        conn.interrupts = [(1.0, 7), (3.0, 8)]  # (engine time, the turn cut)
         assert conn.interrupt_after(3.0) is None  # not known to share our clock
         conn.same_host = True
         assert conn.interrupt_after(3.0) == pytest.approx(3.5)
         assert conn.interrupt_after(4.0) == pytest.approx(5.5)
         assert conn.interrupt_after(5.6) is None
+        # a barge-in round asks for the story's own cut, not the interjection's reply's
+        assert conn.cut_turn_after(3.0, 8) == pytest.approx(5.5)
+        assert conn.cut_turn_after(3.0, 7) == pytest.approx(3.5)
+        assert conn.cut_turn_after(4.0, 7) is None
     finally:
         await conn.pc.close()
 

@@ -80,7 +80,9 @@ def test_the_wire_shapes_stay_those_of_the_api() -> None:
         "type": "interrupted",
         "t": 3.0,
         "reason": "host",
+        "turn_id": 2,
     }
+    assert "turn_id" not in to_wire(Interruption(t=3.0, reason="host"))  # nothing was being said
     done = TurnCompleted(
         t=4.0, turn_id=2, played_text="Hi", interrupted=False, timings={"a": 1}, clock_origin=None
     )
