@@ -52,7 +52,14 @@ def compiler_missing() -> str | None:
 
 
 def _compile(fn: Kernel) -> Kernel:
+    import sys
+
+    limit = sys.getrecursionlimit()
     import torch._inductor.config as inductor
+
+    sys.setrecursionlimit(
+        limit
+    )  # importing torch's compiler raises it process-wide (deep JSON must stay a 400)
 
     inductor.cpp.threads = 1  # the features are a few thousand pixels: one thread, no OpenMP team to wake
     # not fullgraph: with it, a call during which Python code outside the kernel runs first (a garbage
