@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -52,14 +53,12 @@ def compiler_missing() -> str | None:
 
 
 def _compile(fn: Kernel) -> Kernel:
-    import sys
-
+    # importing torch's compiler raises the recursion limit process-wide: put it back (the server's JSON
+    # parser relies on it to refuse deeply nested bodies with a 400)
     limit = sys.getrecursionlimit()
     import torch._inductor.config as inductor
 
-    sys.setrecursionlimit(
-        limit
-    )  # importing torch's compiler raises it process-wide (deep JSON must stay a 400)
+    sys.setrecursionlimit(limit)
 
     inductor.cpp.threads = 1  # the features are a few thousand pixels: one thread, no OpenMP team to wake
     # not fullgraph: with it, a call during which Python code outside the kernel runs first (a garbage

@@ -184,17 +184,17 @@ class EngineConnection:
 
     def interrupt_after(self, t: float) -> float | None:
         """Our clock's time of the engine's first interrupt after ``t`` (same host only, else None)."""
-        if not self.same_host or self.engine_origin is None:
-            return None
-        shift = self.engine_origin - self.clock.origin
-        return next((ti + shift for ti, _ in self.interrupts if ti + shift >= t), None)
+        return next((ti for ti, _ in self._interrupts_on_our_clock() if ti >= t), None)
 
     def cut_turn_after(self, t: float, turn_id: object) -> float | None:
         """Our clock's time of the engine's first interrupt of ``turn_id`` after ``t`` (same host only)."""
+        return next((ti for ti, cut in self._interrupts_on_our_clock() if ti >= t and cut == turn_id), None)
+
+    def _interrupts_on_our_clock(self) -> list[tuple[float, int | None]]:
         if not self.same_host or self.engine_origin is None:
-            return None
+            return []
         shift = self.engine_origin - self.clock.origin
-        return next((ti + shift for ti, cut in self.interrupts if ti + shift >= t and cut == turn_id), None)
+        return [(ti + shift, cut) for ti, cut in self.interrupts]
 
     async def wait_event(self, kind: str, limit_s: float, *, or_unanswered: bool = False) -> dict[str, Any]:
         """The next ``kind`` event; with ``or_unanswered`` also the engine's word that it heard speech but
