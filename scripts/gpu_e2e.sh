@@ -147,7 +147,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 for s in r["per_session"]:
     print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
-          s["fps_min_1s"], "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
+          s["fps_min_1s"], "(media", s.get("fps_min_1s_media"), "network", s.get("fps_min_1s_network"), ")",
+          "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
 print("pooled", r["sessions"], "engines", r.get("engines"), "client processes", r.get("client_procs"), r["pooled"])
 for step in (r.get("capacity") or {}).get("steps", []):

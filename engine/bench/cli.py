@@ -374,7 +374,8 @@ def many_table(report: dict[str, Any]) -> str:
     v = p["voice_to_voice_ms"]
     lines.append(
         f"pooled ({report['sessions']} sessions): v2v p50 {v['p50']} p95 {v['p95']} n {v['n']}, "
-        f"unanswered {p['unanswered']}, fps mean {p['fps_mean']} min(1s) {p['fps_min_1s']}, "
+        f"unanswered {p['unanswered']}, fps mean {p['fps_mean']} min(1s) {p['fps_min_1s']} (by media time "
+        f"{p.get('fps_min_1s_media')}, by packet arrival {p.get('fps_min_1s_network')}), "
         f"lipsync mean {p['lipsync_offset_ms']['mean']} |p95| {p['lipsync_abs_p95_ms']}, "
         f"clients' loop lag max {p.get('client_loop_lag_max_ms')} ms"
     )

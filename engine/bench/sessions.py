@@ -107,6 +107,10 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         "unanswered": unanswered,
         "fps_mean": result.get("fps_mean"),
         "fps_min_1s": result.get("fps_min_1s"),
+        # the lowest window by the frames' media time and by their packets' arrival: where a dip was made
+        # (the engine's clock, the network, or the client's own decoding)
+        "fps_min_1s_media": result.get("fps_min_1s_media"),
+        "fps_min_1s_network": result.get("fps_min_1s_network"),
         "lipsync_offset_ms": result.get("lipsync_offset_ms"),
         "wer": result.get("wer"),
         "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],
@@ -132,6 +136,10 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "failed": sum(1 for s in per_session if s["error"] is not None and not s["refused"]),
         "fps_mean": round(sum(fps) / len(fps), 2) if fps else None,
         "fps_min_1s": _lowest(lows),
+        "fps_min_1s_media": _lowest([s.get("fps_min_1s_media") for s in per_session if s["error"] is None]),
+        "fps_min_1s_network": _lowest(
+            [s.get("fps_min_1s_network") for s in per_session if s["error"] is None]
+        ),
         "lipsync_offset_ms": summarize(lips) if lips else summarize([]),
         "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
         "client_loop_lag_max_ms": max(lags, default=None),

@@ -102,6 +102,7 @@ class GraphDecoder:
         self._layers: list[Any] = list(inner.layers)
         self._norm: Any = inner.norm
         self._lm_head: Any = lm_head
+        self.vocab = int(lm_head.weight.shape[0])  # the logits' width
         attn0 = self._layers[0].self_attn
         for layer in self._layers:
             attn = layer.self_attn

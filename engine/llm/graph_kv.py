@@ -5,8 +5,9 @@ A call *takes* a slot for its whole duration and *puts it back* at the end, so t
 one. Reuse is by content, not by conversation key: a slot remembers the token ids whose K/V it holds, and a
 call takes the free slot sharing the longest prefix with its prompt (the persona/system prompt and the
 conversation so far), crops it there (``reset_to``: later writes overwrite the rest) and prefills only the
-tail. All slots are built, and their graphs captured, at construction: capturing later, while other threads
-replay graphs or read results on the same device, is not safe.
+tail. Each slot has its own sampler (:mod:`engine.llm.device_sampler`), a graph of its own too. All slots
+are built, and their graphs captured, at construction: capturing later, while other threads replay graphs
+or read results on the same device, is not safe.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.llm.cuda_graph_decode import GraphDecoder
+from engine.llm.device_sampler import DeviceSampler
 from engine.llm.kv_cache import common_prefix_len
 
 
 @dataclass
 class GraphSlot:
     decoder: GraphDecoder
+    sampler: DeviceSampler
     ids: list[int] = field(default_factory=list)  # host mirror of the ids held (== decoder.length of them)
     used: int = 0  # when last put back (a count of put-backs, not time), for least-recently-used ties
 
@@ -38,10 +41,17 @@ class GraphSlots:
         if slots < 1:
             raise ValueError("slots must be at least 1")
         self.max_len = max_len
-        self._free = [GraphSlot(GraphDecoder(model, max_len=max_len)) for _ in range(slots)]
+        self._free = [self._slot(model, max_len) for _ in range(slots)]
         self.slots = slots
         self._cond = threading.Condition()
         self._put_backs = 0
+
+    @staticmethod
+    def _slot(model: Any, max_len: int) -> GraphSlot:
+        decoder = GraphDecoder(model, max_len=max_len)
+        return GraphSlot(
+            decoder, DeviceSampler(decoder.vocab, decoder.dtype, decoder.device, decoder.use_graph)
+        )
 
     def take(self, ids: list[int], stop: threading.Event) -> GraphSlot | None:
         """The free slot sharing the longest prefix with ``ids`` (least recently used among equals), waiting

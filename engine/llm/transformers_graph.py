@@ -1,8 +1,9 @@
 """The CUDA-graph decode path of the transformers backend (``llm.cuda_graphs``, on by default on CUDA).
 
 A few static KV caches (:mod:`engine.llm.graph_kv`), each with one captured CUDA graph per decode
-step, reused by common token prefix. Prompt handling, sampling, the stop flag and the counters are
-those of :class:`~engine.llm.transformers_generate.TransformersGeneration`.
+step and its own sampler on the device (:mod:`engine.llm.device_sampler`), reused by common token prefix.
+Prompt handling, the stop flag and the counters are those of
+:class:`~engine.llm.transformers_generate.TransformersGeneration`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from engine.llm.base import ChatMessage
 from engine.llm.graph_kv import GraphSlot, GraphSlots
 from engine.llm.kv_cache import common_prefix_len
-from engine.llm.streaming import CallStats, PieceChannel
+from engine.llm.streaming import CallStats, PieceChannel, sample_reply
 from engine.llm.transformers_generate import TransformersGeneration
 from engine.progress import Progress
 
@@ -98,8 +99,19 @@ class GraphDecodePath(TransformersGeneration):
             return
 
         def feed(token: int) -> torch.Tensor:
-            out = dec.step(token)  # the graph's static buffer: copy before the next step
+            out = dec.step(token)  # the graph's static buffer: the sampler copies it before the next step
             slot.ids.append(token)
-            return out.to(torch.float32, copy=True)
+            return out
 
-        self._sample(logits.to(torch.float32, copy=True), feed, chan, stats)
+        cfg = self.config
+        sampler = slot.sampler
+        sampler.begin(
+            cfg.temperature, cfg.top_p, cfg.repetition_penalty, cfg.no_repeat_ngram_size, self.logit_bias
+        )
+
+        def counted(step: int) -> None:
+            self.generated_tokens += 1
+
+        sample_reply(
+            logits, sampler.pick, feed, self._decode, self.stop_ids, cfg.max_new_tokens, chan, stats, counted
+        )
