@@ -421,9 +421,9 @@ def print_table(report: dict[str, Any]) -> None:
             + (f"  UNANSWERED: {t['unanswered']}" if t.get("unanswered") else "")
         )
     print(f"unanswered: {report.get('unanswered', 0)}")
-    for key in ("voice_to_voice_ms", "barge_in_stop_ms"):
-        s = report[key]
-        print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")
+    for key in ("voice_to_voice_ms", "barge_in_stop_ms", "barge_in_cut_ms"):
+        if (s := report.get(key)) is not None:
+            print(f"{key}: p50 {s['p50']} p95 {s['p95']} n {s['n']}")
     print(f"wer: {report['wer']}")
     if (quiet := report.get("silences_in_replies")) is not None:
         print(

@@ -296,10 +296,17 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     return result
 
 
+@dataclass
+class BargeIn:
+    stop_ms: float  # from the interjection's first word to the reply's silence at the receiver
+    cut_ms: float | None  # from the same word to the engine's cut (same host only): hearing it; the rest is
+    # the way to the ear (the audio already sent, the fade, the client's jitter buffer)
+
+
 async def barge_in(
     conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 0.3
-) -> float | None:
-    """Ask for a long reply, speak over it, return ms until the reply audio stopped at the receiver.
+) -> BargeIn | None:
+    """Ask for a long reply, speak over it, return how long until the reply audio stopped at the receiver.
 
     The interjection starts while the reply is audibly playing (not in a gap between its chunks),
     and the reply counts as stopped at the start of the first quiet stretch after the interjection's
@@ -346,7 +353,14 @@ async def barge_in(
         # had gone quiet on its own (a gap before its next chunk) and the cut only kept it so.
         log.info("barge-in round not counted: the reply was already quiet when the engine cut it")
         return None
-    return ms
+    heard = story_cut if story_cut is not None else cut
+    cut_ms = None if heard is None else round((heard - over.sent_start) * 1000.0, 1)
+    log.info(
+        "barge-in: the reply stopped at the receiver %.0f ms after the onset (engine's cut: %s ms)",
+        ms,
+        cut_ms,
+    )
+    return BargeIn(ms, cut_ms)
 
 
 async def run_voice_bench(
@@ -369,6 +383,7 @@ async def run_voice_bench(
     conn.same_host = same_host
     turns: list[TurnResult] = []
     stops: list[float] = []
+    cuts: list[float] = []
     barge_skipped = 0
     # How late this client's own loop wakes, over the whole run: it reads every packet and answers the
     # engine's ICE consent checks (within 500 ms, or the engine closes the session).
@@ -385,11 +400,13 @@ async def run_voice_bench(
             log.info("turn: %r -> %r v2v=%s ms", q.text, r.transcript, r.voice_to_voice_ms)
         if barge is not None:
             for _ in range(barge_rounds):
-                ms = await barge_in(conn, *barge)
-                if ms is not None:
-                    stops.append(ms)
-                else:
+                round_ = await barge_in(conn, *barge)
+                if round_ is None:
                     barge_skipped += 1
+                    continue
+                stops.append(round_.stop_ms)
+                if round_.cut_ms is not None:
+                    cuts.append(round_.cut_ms)
     finally:
         lag_watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -406,6 +423,7 @@ async def run_voice_bench(
         "unanswered": len(unanswered),
         "unanswered_turns": unanswered,
         "barge_in_stop_ms": summarize(stops),
+        "barge_in_cut_ms": summarize(cuts),  # the engine's part of it (same host only)
         "barge_in_rounds_not_counted": barge_skipped,
         "client_jitter_frames": client_jitter_frames,
         "wer": round(wer, 4),

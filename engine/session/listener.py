@@ -103,16 +103,21 @@ class Listener:
         utt: Utterance | None = None
         owner = TaskOwner(f"session-{p.id}-asr")
         arrivals = ArrivalMap()
-        voiced_s = 0.0  # how long speech has lasted (for barge-in, faster than a full turn start)
+        barged_run: float | None = None  # the run of speech windows that last cut her (once a run)
         barge_s = p.settings.vad.barge_in_min_speech_ms / 1000.0
         try:
             async for chunk in mic_chunks(track, p.clock):
                 arrivals.add(chunk)
                 results = await loop.run_in_executor(self._vad_pool, vad.feed, chunk.audio, chunk.t)
-                voiced = vad.last_probability >= vad.config.threshold
-                voiced_s = voiced_s + len(chunk.audio) / MIC_RATE if voiced else 0.0
-                if voiced_s >= barge_s and conv.speaking():
-                    voiced_s = float("-inf")  # once per utterance
+                # voiced time by the VAD's 32 ms windows, not by 20 ms mic chunks (which made 64 ms wait 80)
+                run = vad.voiced_since
+                if (
+                    run is not None
+                    and run != barged_run
+                    and vad.voiced_s >= barge_s - 1e-6
+                    and conv.speaking()
+                ):
+                    barged_run = run
                     self._barge_in(owner, utt)
                 if utt is not None:
                     utt.append(chunk.audio)

@@ -21,7 +21,17 @@ class VoiceActivity(Protocol):
 
     @property
     def last_probability(self) -> float:
-        """The speech probability of the latest window (barge-in counts voiced time with it)."""
+        """The speech probability of the latest window."""
+        ...
+
+    @property
+    def voiced_since(self) -> float | None:
+        """When the current run of speech windows began (None outside one): a barge-in fires once a run."""
+        ...
+
+    @property
+    def voiced_s(self) -> float:
+        """How long the current run of speech windows has lasted, in the audio's own time (barge-in)."""
         ...
 
     def feed(self, audio: np.ndarray, t: float) -> list[VADResult]:

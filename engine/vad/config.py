@@ -66,6 +66,6 @@ class VADConfig(BaseModel):
         64,
         ge=0,
         le=2000,
-        description="speech this long while the idol talks interrupts her (shorter than a turn start, "
-        "so she stops fast; a cough may stop her too)",
+        description="speech this long while the idol talks interrupts her, counted in the VAD's 32 ms "
+        "windows (shorter than a turn start, so she stops fast; a cough may stop her too)",
     )

@@ -114,6 +114,19 @@ class VoiceActivityDetector:
         self._sooner: tuple[float, float] | None = None
         self._blocks.clear()  # (end time, rms) of the latest 8 ms blocks
         self.last_probability = 0.0
+        # the current run of windows at or above the threshold: its first window's start and the latest's end
+        self._voiced_from: float | None = None
+        self._voiced_to = 0.0
+
+    @property
+    def voiced_since(self) -> float | None:
+        """When the current run of speech windows (probability at or above ``threshold``) began, or None."""
+        return self._voiced_from
+
+    @property
+    def voiced_s(self) -> float:
+        """How long the current run of speech windows has lasted, by the windows' own times (0 outside one)."""
+        return 0.0 if self._voiced_from is None else self._voiced_to - self._voiced_from
 
     @property
     def in_turn(self) -> bool:
@@ -165,6 +178,12 @@ class VoiceActivityDetector:
         frame[0, CONTEXT:] = window
         p, self._state = self.model.run(frame, self._state)
         self.last_probability = p
+        if p >= self._on:
+            if self._voiced_from is None:
+                self._voiced_from = start
+            self._voiced_to = end
+        else:
+            self._voiced_from = None
         rms = np.sqrt(np.mean(window.reshape(-1, BLOCK) ** 2, axis=1))
         for k, r in enumerate(rms):
             self._blocks.append((start + (k + 1) * BLOCK / SAMPLE_RATE, float(r)))

@@ -207,3 +207,27 @@ def test_end_of_speech_in_a_noisy_room_stays_at_silero(sentence: np.ndarray) -> 
     flagged = _turn_end(audio, end_refine_ms=0)
     placed = _turn_end(audio)
     assert flagged.speech_end_t <= placed.speech_end_t <= flagged.speech_end_t + WINDOW / SR
+
+
+def test_voiced_time_counts_the_windows_of_one_run(sentence: np.ndarray) -> None:
+    """Barge-in reads how long speech has run: whole 32 ms windows from the run's first speech window,
+    one run while the probability stays at or above the threshold, nothing once it falls below."""
+    audio = np.concatenate([silence(0.5), sentence, silence(0.6)])
+    det = VoiceActivityDetector()
+    assert det.voiced_since is None and det.voiced_s == 0.0
+    runs: set[float] = set()
+    longest = 0.0
+    for k in range(len(audio) // WINDOW):
+        det.feed(audio[k * WINDOW : (k + 1) * WINDOW], k * WINDOW / SR)
+        if det.last_probability >= det.config.threshold:
+            assert det.voiced_since is not None
+            runs.add(det.voiced_since)
+            windows = det.voiced_s / (WINDOW / SR)
+            assert windows == pytest.approx(round(windows), abs=1e-6) and windows >= 1
+            longest = max(longest, det.voiced_s)
+        else:
+            assert det.voiced_since is None and det.voiced_s == 0.0
+    on, off = loud_span(audio)
+    assert runs and min(runs) == pytest.approx(on, abs=0.1)  # the first run starts with the voice
+    assert 0.3 <= longest <= off - on + 0.1
+    assert det.voiced_since is None  # the trailing silence ended the run
