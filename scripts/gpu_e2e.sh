@@ -16,7 +16,7 @@
 # GPU (the transformers backend reads the CTranslate2 folder; CTranslate2's own wheels are CUDA 12 builds, the
 # image is CUDA 13; ASR_CPU=1 runs it on the host's CPU instead), the real SmolLM2 replies on the GPU
 # (transformers, CUDA graphs) and judges the end of turn itself; the end-of-turn silence is the engine's. Piper
-# runs on the GPU when the parts brought onnxruntime-gpu (TTS_CPU=1: on the host's CPU).
+# runs on the GPU when the parts brought onnxruntime-gpu and its first chunk is quicker there (timed first; TTS_CPU=1 / TTS_GPU=1 choose).
 #
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
 # and the stage benches (engine/bench/gpu_stages.py). `bench` runs `idolcast bench` with the whole pipeline:
@@ -62,6 +62,19 @@ unpack_real() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STORE/site" \
         "$STORE"/real/wheels/*.whl || return 1
     rm -rf "$STORE/parts"
+}
+
+tts_gpu_quicker() {  # the voice's first chunk on the GPU against the host's CPU (8 threads: the engine's auto)
+    python3 -m engine.bench.gpu_stages --tts "$1" --tts-threads 8 --repeats 5 --out "$OUT/tts-pick.json" \
+        > /dev/null 2>&1 || { echo "Piper's first chunk could not be timed: the host's CPU"; return 1; }
+    python3 - "$OUT/tts-pick.json" <<'EOF'
+import json, sys
+t = json.load(open(sys.argv[1]))["tts"]
+gpu, cpu = t.get("cuda_first_chunk_ms"), t.get("threads_8_first_chunk_ms")
+quicker = gpu is not None and cpu is not None and gpu < cpu
+print(f"Piper's first chunk: GPU {gpu} ms, host CPU (8 threads) {cpu} ms: on the {'GPU' if quicker else 'CPU'}")
+sys.exit(0 if quicker else 1)
+EOF
 }
 
 case "${1:-}" in
@@ -112,10 +125,12 @@ bench)
         else
             export IDOLCAST_ASR__BACKEND=transformers IDOLCAST_ASR__DEVICE=cuda
         fi
-        # Piper on the GPU where the parts brought onnxruntime-gpu (gpu_carry --real; --tts-cpu leaves it out);
-        # TTS_CPU=1: on the host's CPU
+        # Piper where its first chunk is quicker: the parts may bring onnxruntime-gpu (gpu_carry --real; --tts-cpu
+        # leaves it out), and then the first chunk is timed on the GPU and on the host's CPU at the engine's 8
+        # threads ($OUT/tts-pick.json, ~20 s). TTS_CPU=1 / TTS_GPU=1: the host's CPU / the GPU, untimed
         if [ -z "${TTS_CPU:-}" ] && ls "$STORE"/site/onnxruntime_gpu-*.dist-info > /dev/null 2>&1; then
-            export IDOLCAST_TTS__DEVICE=cuda
+            if [ -n "${TTS_GPU:-}" ] || tts_gpu_quicker "$VOICE"; then export IDOLCAST_TTS__DEVICE=cuda;
+            else export IDOLCAST_TTS__DEVICE=cpu; fi
         fi
         export IDOLCAST_ASR__MODEL="$STORE/real/asr" \
             IDOLCAST_LLM__BACKEND=transformers IDOLCAST_LLM__MODEL="$GGUF" IDOLCAST_LLM__DEVICE=cuda

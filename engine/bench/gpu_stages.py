@@ -168,14 +168,22 @@ def bench_asr(tokenizer: str, repeats: int) -> dict[str, Any]:
     }
 
 
-def bench_tts(voice: str, repeats: int) -> dict[str, Any]:
+def bench_tts(voice: str, repeats: int, threads_list: tuple[int, ...] = (1, 4, 8)) -> dict[str, Any]:
+    """The first chunk's synthesis on the host's CPU at each thread count, and on the GPU where ONNX Runtime
+    has its CUDA provider (onnxruntime-gpu): ``threads_N_first_chunk_ms``, ``cuda_first_chunk_ms``."""
+    import onnxruntime
+
     from engine.progress import silent_progress
     from engine.tts.config import TTSConfig
-    from engine.tts.piper_backend import load_piper
+    from engine.tts.piper_backend import CUDA_PROVIDER, load_piper
 
     out: dict[str, Any] = {}
-    for threads in (1, 4, 8):
-        tts = load_piper(TTSConfig(voice=voice, threads=threads), silent_progress)  # type: ignore[call-arg]
+    setups = [(f"threads_{n}", "cpu", n) for n in threads_list]
+    if CUDA_PROVIDER in onnxruntime.get_available_providers():
+        setups.append(("cuda", "cuda", 1))
+    for name, device, threads in setups:
+        config = TTSConfig(voice=voice, threads=threads, device=device)  # type: ignore[call-arg]
+        tts = load_piper(config, silent_progress)
 
         async def run(tts: Any = tts) -> list[float]:
             await tts.synthesize(FIRST_CHUNK)
@@ -186,7 +194,7 @@ def bench_tts(voice: str, repeats: int) -> dict[str, Any]:
                 times.append((time.perf_counter() - t) * 1e3)
             return times
 
-        out[f"threads_{threads}_first_chunk_ms"] = _median(asyncio.run(run()))
+        out[f"{name}_first_chunk_ms"] = _median(asyncio.run(run()))
     out["text"] = FIRST_CHUNK
     return out
 
@@ -196,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llm", action="store_true")
     ap.add_argument("--asr", action="store_true")
     ap.add_argument("--tts", default="", help="a Piper .onnx voice: time the first chunk's synthesis")
+    ap.add_argument(
+        "--tts-threads", default="1,4,8", help="the CPU thread counts --tts times (the GPU too where it can)"
+    )
     ap.add_argument("--tokenizer", default="/var/tmp/idolcast/tokenizer")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="")
@@ -213,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.asr:
         report["asr"] = bench_asr(args.tokenizer, args.repeats)
     if args.tts:
-        report["tts"] = bench_tts(args.tts, args.repeats)
+        threads = tuple(int(n) for n in args.tts_threads.split(","))
+        report["tts"] = bench_tts(args.tts, args.repeats, threads)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     for stage in ("llm", "asr", "tts"):
