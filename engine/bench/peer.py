@@ -113,6 +113,18 @@ class ReceivedAudio:
         """The latest frame arrived in the last ``within_s`` and was loud."""
         return bool(self.times) and now - self.times[-1] <= within_s and self.rms[-1] >= LOUD_RMS
 
+    def loud_for(self, now: float, span_s: float, within_s: float = 0.05) -> bool:
+        """Every frame of the last ``span_s`` was loud, the latest arriving in the last ``within_s``: the
+        reply is in the middle of its words, not at the tail of one before a pause."""
+        if not self.loud_now(now, within_s):
+            return False
+        i = len(self.times) - 1
+        while i >= 0 and self.times[i] >= now - span_s:
+            if self.rms[i] < LOUD_RMS:
+                return False
+            i -= 1
+        return i >= 0
+
     def loud_between(self, t0: float, t1: float) -> bool:
         """Some frame arriving in ``[t0, t1]`` was loud."""
         return any(t0 <= ti <= t1 and r >= LOUD_RMS for ti, r in zip(self.times, self.rms, strict=True))

@@ -17,7 +17,7 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from engine.asr.wer import word_error_rate
-from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio
+from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio, speech_bounds
 from engine.bench.stats import summarize
 from engine.bench.video import (
     FrameArrivals,
@@ -74,6 +74,8 @@ STOPPED_HOLD_S = 1.0  # quiet this long after an interjection = the reply stoppe
 # Faster than the engine could possibly hear the interjection (one mic frame + one VAD window):
 # the reply went quiet by itself (a gap between its chunks) and the round measures nothing.
 MIN_REACTION_MS = 60.0
+INTERJECTION_LEAD = 960  # samples (20 ms at 48 kHz) of the interjection's clip played before its words
+SPEAK_OVER_LOUD_S = 0.2  # the interjection starts once the reply has been loud this long without a dip
 
 
 @dataclass
@@ -304,11 +306,12 @@ class BargeIn:
 
 
 async def barge_in(
-    conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 0.3
+    conn: EngineConnection, prompt: Question, interjection: Question, after_s: float = 1.0
 ) -> BargeIn | None:
     """Ask for a long reply, speak over it, return how long until the reply audio stopped at the receiver.
 
-    The interjection starts while the reply is audibly playing (not in a gap between its chunks),
+    The interjection starts ``after_s`` into the reply, in the middle of its words (loud for
+    ``SPEAK_OVER_LOUD_S``, not in a gap between its chunks nor at the tail of a word before a pause),
     and the reply counts as stopped at the start of the first quiet stretch after the interjection's
     onset that lasts ``STOPPED_HOLD_S``: longer than a pause inside the reply, shorter than the
     wait for the interjection's own answer.
@@ -323,11 +326,15 @@ async def barge_in(
             return None
     await asyncio.sleep(after_s)
     waited = conn.clock.now()
-    while not conn.received.loud_now(conn.clock.now()):
+    while not conn.received.loud_for(conn.clock.now(), SPEAK_OVER_LOUD_S):
         await asyncio.sleep(0.005)
         if conn.clock.now() - waited > 10:
             return None  # the reply ended before we could speak over it
-    over = conn.mic.play(interjection.pcm)
+    # its words at once, not after the clip's lead-in (~0.4 s in which the reply often reached a pause, and a
+    # quiet stretch from before the onset measured nothing)
+    start, end = interjection.bounds or speech_bounds(interjection.pcm)
+    skip = max(0, start - INTERJECTION_LEAD)
+    over = conn.mic.play(interjection.pcm[skip:], (start - skip, end - skip))
     await over.done.wait()
     assert over.sent_start is not None
     story = await conn.wait_event("turn_completed", 60)
