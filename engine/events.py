@@ -113,12 +113,13 @@ class UserTurn(Event):
     """A complete turn from the host's voice (final transcript) or from text/chat."""
 
     kind: ClassVar[str] = "user_turn"
-    wire: ClassVar[tuple[str, ...]] = ("turn_id", "text", "source", "speaker", "t")
+    wire: ClassVar[tuple[str, ...]] = ("turn_id", "text", "source", "speaker", "t", "continues?")
     text: str
     source: TurnSource
     speaker: str = "host"
     turn_id: int = 0
     speech_end_t: float | None = None
+    continues: int | None = None  # the turn whose words this one repeats and goes on from (its answer cut)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +255,14 @@ class TurnCompleted(Event):
     """The reply ended; ``played_text`` is what the audience heard, ``timings`` the turn's figures."""
 
     kind: ClassVar[str] = "turn_completed"
-    wire: ClassVar[tuple[str, ...]] = ("turn_id", "played_text", "interrupted", "timings", "clock_origin")
+    wire: ClassVar[tuple[str, ...]] = (
+        "turn_id",
+        "played_text",
+        "interrupted",
+        "timings",
+        "clock_origin",
+        "continued?",
+    )
     turn_id: int
     played_text: str
     interrupted: bool
@@ -262,6 +270,7 @@ class TurnCompleted(Event):
     clock_origin: float | None = (
         None  # time.monotonic() at t = 0: a client on the same host lines its clock up
     )
+    continued: Literal[True] | None = None  # the host went on talking: a later turn holds these words too
 
 
 @dataclass(frozen=True, kw_only=True)

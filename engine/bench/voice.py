@@ -253,6 +253,8 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     assert clip.sent_end is not None
     try:
         completed = await conn.wait_event("turn_completed", limit_s, or_unanswered=True)
+        while completed.get("continued"):  # cut at a pause in the question: its rest continued it
+            completed = await conn.wait_event("turn_completed", limit_s, or_unanswered=True)
     except TimeoutError as e:
         result.unanswered = str(e)
     else:

@@ -63,6 +63,10 @@ class Conversation:
     def drop(self, turn: Turn) -> None:
         self._live.pop(turn.id, None)
 
+    def live(self, turn: Turn) -> bool:
+        """The turn is not completed yet (queued, or being answered)."""
+        return turn.id in self._live
+
     def busy(self) -> bool:
         """Turns are waiting to be answered."""
         return not self._queue.empty()
@@ -161,12 +165,15 @@ class Conversation:
                 interrupted=turn.interrupted,
                 timings=timings.to_dict(),
                 clock_origin=getattr(p.clock, "origin", None),
+                continued=True if turn.continued else None,
             )
         )
-        remembered = turn.remembered(played)
-        record = self._owner.spawn(
-            p.prompt.record_turn(turn.user, remembered, turn.interrupted), f"record{turn.id}"
-        )
+        record: asyncio.Task[None] | None = None
+        if not turn.continued:  # else the turn that continues it holds its words: the history keeps them once
+            remembered = turn.remembered(played)
+            record = self._owner.spawn(
+                p.prompt.record_turn(turn.user, remembered, turn.interrupted), f"record{turn.id}"
+            )
         if p.settings.llm.prewarm:
             self._stop_prewarm()
             self._prewarm = self._owner.spawn(self._prewarm_next(record), f"prewarm{turn.id}")
@@ -180,11 +187,12 @@ class Conversation:
             self._prewarm.cancel()
             self._prewarm = None
 
-    async def _prewarm_next(self, record: asyncio.Task[None]) -> None:
+    async def _prewarm_next(self, record: asyncio.Task[None] | None) -> None:
         """Once the turn is recorded (history trimmed or consolidated), have the LLM prefill what the next
         prompt starts with, while the host is still talking: the next reply then prefills only its own
         message (a trimmed history costs the next turn a full re-prefill otherwise)."""
-        await asyncio.wait([record])
+        if record is not None:
+            await asyncio.wait([record])
         if (self.current is not None and self.current.replying) or self.early.pending is not None:
             return  # a reply already has the model
         p = self.parts

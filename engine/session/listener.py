@@ -23,7 +23,7 @@ from engine.asr.base import TranscriptStream
 from engine.events import FinalTranscript, PartialTranscript, SpeechEnded, SpeechStarted, UserTurn
 from engine.session.conversation import Conversation
 from engine.session.early import EarlyReply
-from engine.session.turn import SessionParts
+from engine.session.turn import SessionParts, Turn
 from engine.session.turn_end import TurnEndDecision, TurnEndDetector
 from engine.tasks import TaskOwner
 from engine.transport.mic_in import MIC_RATE, ArrivalMap, mic_chunks
@@ -59,6 +59,16 @@ class Utterance:
     partial_in_flight: bool = False  # at that pause: a partial decode of this utterance was running
     llm_warming: bool = False  # at that pause: the LLM was evaluating a partial transcript's words
     took_the_floor: bool = False  # it interrupted her: its turn ends on the whole silence (see _speculate)
+    continues: Turn | None = None  # the host's turn it goes on from (her answer to it cut): see continue_turn
+    continued_text: str = ""  # that turn's words, said before this utterance's
+
+    def words(self, text: str) -> str:
+        """What the host has said in this turn: the words of the turn it continues, then ``text``."""
+        return f"{self.continued_text} {text}".strip() if self.continues is not None else text
+
+    def continue_turn(self, cut: tuple[Turn, str] | None) -> None:
+        if cut is not None and self.continues is None:
+            self.continues, self.continued_text = cut
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -82,15 +92,41 @@ class Listener:
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
         self._warm_task: asyncio.Task[None] | None = None  # the LLM evaluating a partial transcript's words
         self._barged_at: float | None = None  # clock time of the latest barge-in
+        self._last_turn: tuple[Turn, str, float] | None = None  # the latest voice turn, its words, speech end
+        self._cut_turn: tuple[Turn, str] | None = None  # what the latest barge-in cut, if speech continues it
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
 
     def _barge_in(self, owner: TaskOwner, utt: Utterance | None) -> None:
-        self._barged_at = self.parts.clock.now()
+        now = self.parts.clock.now()
+        recent = self._barged_in_just_now()
+        self._barged_at = now
+        cut = self._continued_turn(utt.start_t if utt is not None else now)
+        self._cut_turn = cut or (self._cut_turn if recent else None)
         if utt is not None:
             utt.took_the_floor = True
+            utt.continue_turn(self._cut_turn)
         owner.spawn(self.conversation.interrupt("barge_in"), "barge-in")
+
+    def _continued_turn(self, speech_start: float) -> tuple[Turn, str] | None:
+        """The host's latest turn, if speech starting at ``speech_start`` goes on from it: it started within
+        ``vad.continue_within_ms`` of that turn's end and cuts her answer to it. The turn is marked so its
+        words are kept once, with the turn that continues it."""
+        within = self.parts.settings.vad.continue_within_ms / 1000.0
+        if self._last_turn is None or not within:
+            return None
+        turn, text, speech_end = self._last_turn
+        if speech_start - speech_end > within or not self.conversation.live(turn):
+            return None
+        turn.continued = True
+        log.info(
+            "the host goes on from turn %d (%.0f ms after it ended): %r",
+            turn.id,
+            (speech_start - speech_end) * 1000,
+            text,
+        )
+        return turn, text
 
     def _barged_in_just_now(self) -> bool:
         return self._barged_at is not None and self.parts.clock.now() - self._barged_at <= BARGE_IN_BELONGS_S
@@ -135,6 +171,7 @@ class Listener:
                             self._barge_in(owner, utt)
                         elif self._barged_in_just_now():
                             utt.took_the_floor = True
+                            utt.continue_turn(self._cut_turn)
                     elif isinstance(r, VADSpeechPaused) and utt is not None:
                         utt.paused = True
                         warming = self._warming()
@@ -175,7 +212,7 @@ class Listener:
                 p.bus.publish(PartialTranscript(t=p.clock.now(), text=tr.text, stable_text=tr.stable_text))
                 busy = self._warming() or self.conversation.speaking()
                 if not busy and not utt.paused and not utt.ended:
-                    self._warm_task = owner.spawn(self._warm_turn(tr.text), "warm")
+                    self._warm_task = owner.spawn(self._warm_turn(utt.words(tr.text)), "warm")
 
     def _turn_end_detector(self) -> TurnEndDetector:
         p = self.parts
@@ -203,9 +240,10 @@ class Listener:
         log.debug("speculation: %r (still paused: %s)", settled and settled.text, utt.paused)
         if settled is None or not settled.text or not utt.paused or utt.ended:
             return
-        words = UserTurn(t=p.clock.now(), text=settled.text, source="voice", speaker="host", turn_id=0)
+        text = utt.words(settled.text)
+        words = UserTurn(t=p.clock.now(), text=text, source="voice", speaker="host", turn_id=0)
         detector = self._turn_end_detector()
-        decision = await self._judged_by_early_reply(utt, detector, settled.text)
+        decision = await self._judged_by_early_reply(utt, detector, text)
         if decision is None:
             if not utt.paused or utt.ended:
                 return
@@ -214,7 +252,7 @@ class Listener:
             except Exception as e:  # an optimization: the turn then ends on the whole silence
                 log.warning("end-of-turn scoring failed: %r", e)
                 decision = TurnEndDecision(False, detector.method)
-        log.debug("turn end: %r -> %s", settled.text, decision)
+        log.debug("turn end: %r -> %s", text, decision)
         if not utt.paused or utt.ended or utt.stream.settled() is None:
             return  # speech came back (or the turn ended) while it was scored
         utt.turn_end, utt.turn_end_t = decision, p.clock.now()
@@ -227,7 +265,7 @@ class Listener:
         if decision.finished and finished_ms and not hold_floor:
             vad.end_turn_sooner(silence_start, finished_ms)  # finished words: answer them sooner
         if utt.early is None:
-            utt.early = self.conversation.early.start(settled.text)
+            utt.early = self.conversation.early.start(text)
 
     async def _judged_by_early_reply(
         self, utt: Utterance, detector: TurnEndDetector, text: str
@@ -259,7 +297,8 @@ class Listener:
         p, conv = self.parts, self.conversation
         final = await utt.stream.final()
         now = p.clock.now()
-        text = final.text.strip()
+        # a continuation that recognised no words still answers the words it went on from
+        text = utt.words(final.text.strip())
         early, utt.early = utt.early, None
         turn = conv.early.confirm(early, text)
         if not text:
@@ -272,8 +311,15 @@ class Listener:
         if turn is None:
             early = None
             turn = conv.new_turn(text, "voice", "host", announce=False)
+        continues = utt.continues.id if utt.continues is not None else None
         turn.user = UserTurn(
-            t=now, text=text, source="voice", speaker="host", turn_id=turn.id, speech_end_t=speech_end
+            t=now,
+            text=text,
+            source="voice",
+            speaker="host",
+            turn_id=turn.id,
+            speech_end_t=speech_end,
+            continues=continues,
         )
         timings = turn.timings
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
@@ -294,4 +340,5 @@ class Listener:
         p.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.id))
         if early is not None:
             early.release()  # its audio may play from now on
+        self._last_turn = (turn, text, speech_end)
         conv.queue(turn)

@@ -47,6 +47,7 @@ class Turn:
     heard: list[HeardChunk] = field(default_factory=list)
     chunks_finished: int = 0
     interrupted: bool = False
+    continued: bool = False  # the host went on talking after it: a later turn answers its words with his next
 
     @property
     def id(self) -> int:

@@ -61,6 +61,15 @@ class VADConfig(BaseModel):
         "end_of_turn_finished_ms: an interjection ('Wait, stop for a second.') can read as finished at its "
         "first pause and go on after it",
     )
+    continue_within_ms: int = Field(
+        1000,
+        ge=0,
+        le=5000,
+        description="speech that starts this soon after the end of the host's turn and cuts her answer to it "
+        "continues that turn: the answer is dropped and his words are answered together with the new ones "
+        "(a sentence that read as finished at a pause: 'Which one do you like better, cats or dogs?'); "
+        "0 = the new words are a turn of their own",
+    )
     min_speech_ms: int = Field(150, ge=0, le=2000, description="speech shorter than this is ignored")
     barge_in_min_speech_ms: int = Field(
         64,

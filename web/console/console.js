@@ -99,17 +99,23 @@ function onEvent(ev) {
         if (ev.unanswered) addLine("system", "(heard speech, no words: say it again?)");
       }
       break;
-    case "user_turn":
+    case "user_turn": {
       $("partial").textContent = "";
-      addLine(ev.source === "chat" ? "chat" : "host", ev.source === "chat" ? `${ev.speaker}: ${ev.text}` : ev.text);
+      // the host went on talking: this turn repeats the words of the one it continues
+      if (ev.continues != null) document.querySelector(`#transcript li.host[data-turn="${ev.continues}"]`)?.remove();
+      const li = addLine(ev.source === "chat" ? "chat" : "host", ev.source === "chat" ? `${ev.speaker}: ${ev.text}` : ev.text);
+      li.dataset.turn = ev.turn_id;
       break;
+    }
     case "caption":
       if (state.captionTurn !== ev.turn_id) { $("captions").textContent = ""; state.captionTurn = ev.turn_id; }
       $("captions").textContent += ($("captions").textContent ? " " : "") + ev.text;
       break;
     case "turn_completed": {
-      const li = addLine("idol", ev.played_text || "…");
-      if (ev.interrupted) li.classList.add("interrupted");
+      if (!ev.continued || ev.played_text) {
+        const li = addLine("idol", ev.played_text || "…");
+        if (ev.interrupted) li.classList.add("interrupted");
+      }
       const r = ev.timings.relative_ms || {};
       const row = document.createElement("tr");
       row.dataset.turn = ev.turn_id;
