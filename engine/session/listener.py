@@ -60,15 +60,14 @@ class Utterance:
     llm_warming: bool = False  # at that pause: the LLM was evaluating a partial transcript's words
     took_the_floor: bool = False  # it interrupted her: its turn ends on the whole silence (see _speculate)
     continues: Turn | None = None  # the host's turn it goes on from (her answer to it cut): see continue_turn
-    continued_text: str = ""  # that turn's words, said before this utterance's
 
     def words(self, text: str) -> str:
         """What the host has said in this turn: the words of the turn it continues, then ``text``."""
-        return f"{self.continued_text} {text}".strip() if self.continues is not None else text
+        return f"{self.continues.user.text} {text}".strip() if self.continues is not None else text
 
-    def continue_turn(self, cut: tuple[Turn, str] | None) -> None:
-        if cut is not None and self.continues is None:
-            self.continues, self.continued_text = cut
+    def continue_turn(self, cut: Turn | None) -> None:
+        if self.continues is None:
+            self.continues = cut
 
     def append(self, audio: np.ndarray) -> None:
         # Silence after a pause goes to the stream only if speech resumes: the end of the turn
@@ -92,8 +91,8 @@ class Listener:
         self._vad_pool = ThreadPoolExecutor(1, thread_name_prefix=f"vad-{parts.id}")
         self._warm_task: asyncio.Task[None] | None = None  # the LLM evaluating a partial transcript's words
         self._barged_at: float | None = None  # clock time of the latest barge-in
-        self._last_turn: tuple[Turn, str, float] | None = None  # the latest voice turn, its words, speech end
-        self._cut_turn: tuple[Turn, str] | None = None  # what the latest barge-in cut, if speech continues it
+        self._last_turn: Turn | None = None  # the latest voice turn
+        self._cut_turn: Turn | None = None  # what the latest barge-in cut, if speech continues it
 
     def close(self) -> None:
         self._vad_pool.shutdown(wait=False, cancel_futures=True)
@@ -109,24 +108,25 @@ class Listener:
             utt.continue_turn(self._cut_turn)
         owner.spawn(self.conversation.interrupt("barge_in"), "barge-in")
 
-    def _continued_turn(self, speech_start: float) -> tuple[Turn, str] | None:
+    def _continued_turn(self, speech_start: float) -> Turn | None:
         """The host's latest turn, if speech starting at ``speech_start`` goes on from it: it started within
         ``vad.continue_within_ms`` of that turn's end and cuts her answer to it. The turn is marked so its
         words are kept once, with the turn that continues it."""
         within = self.parts.settings.vad.continue_within_ms / 1000.0
-        if self._last_turn is None or not within:
+        turn = self._last_turn
+        if turn is None or turn.user.speech_end_t is None or not within:
             return None
-        turn, text, speech_end = self._last_turn
-        if speech_start - speech_end > within or not self.conversation.live(turn):
+        after = speech_start - turn.user.speech_end_t
+        if after > within or not self.conversation.live(turn):
             return None
         turn.continued = True
         log.info(
             "the host goes on from turn %d (%.0f ms after it ended): %r",
             turn.id,
-            (speech_start - speech_end) * 1000,
-            text,
+            after * 1000,
+            turn.user.text,
         )
-        return turn, text
+        return turn
 
     def _barged_in_just_now(self) -> bool:
         return self._barged_at is not None and self.parts.clock.now() - self._barged_at <= BARGE_IN_BELONGS_S
@@ -340,5 +340,5 @@ class Listener:
         p.bus.publish(FinalTranscript(t=now, text=text, turn_id=turn.id))
         if early is not None:
             early.release()  # its audio may play from now on
-        self._last_turn = (turn, text, speech_end)
+        self._last_turn = turn
         conv.queue(turn)
