@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.config import Settings
+from engine.cores import set_share
 from engine.models import EngineModels
 from engine.native import preload_native_modules, set_model_nice
 from engine.server.app import ENGINE_KEY, PEERS_KEY, create_server_app
@@ -77,6 +78,7 @@ def serve(settings: Settings) -> int:
     # Every session's pacing waits on the event loop, which shares the GIL with the encoders', render's and
     # models' threads: at Python's 5 ms it woke ~100 ms late with 16 sessions (docs/PERFORMANCE.md).
     sys.setswitchinterval(settings.server.gil_switch_ms / 1000.0)
+    set_share(settings.server.cpus)  # before any pool is sized (engine/cores.py)
     set_model_nice(settings.server.model_nice)  # before any model loads (engine/native.py)
     encoders.install(encoders.EncoderPolicy(per_encoder=settings.server.video_encoder_threads))
     host, port = settings.server.host, settings.server.port

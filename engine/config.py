@@ -81,6 +81,14 @@ class ServerConfig(BaseModel):
         "the event loop, the render thread and the encoders, so frames keep their deadlines on a full machine "
         "(0 = the same)",
     )
+    cpus: float = Field(
+        0.0,
+        ge=0.0,
+        le=4096.0,
+        description="the cores this engine sizes its thread pools and its capacity by (0 = those it may run "
+        "on: its affinity, capped by a container's CPU quota); set each engine's share where several share a "
+        "box without container limits",
+    )
     video_encoder_threads: int = Field(
         1,
         ge=0,
@@ -123,7 +131,10 @@ class CapacityConfig(BaseModel):
         0.85, gt=0.0, le=1.0, description="share of each resource the admitted sessions may use"
     )
     cores: float | None = Field(
-        None, gt=0.0, description="CPU cores the engine may use (default: those this process may run on)"
+        None,
+        gt=0.0,
+        description="CPU cores the engine may use (default: those this process may run on, capped by "
+        "server.cpus)",
     )
     idle_cpu_cores: float | None = Field(
         None,

@@ -7,7 +7,10 @@ from here. ``os.cpu_count()`` is the machine's; what a process may use is less:
 * its **CPU quota** (a container's ``--cpus``, a Kubernetes CPU limit): the cgroup's ``cpu.max`` (v2) or
   ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (v1). A pod limited to 4 CPUs on a 64-core node sees all 64
   in its affinity; sizing pools by that makes 64 threads share 4 cores' worth of time, and the kernel then
-  throttles the whole container for the rest of each period.
+  throttles the whole container for the rest of each period;
+* its **share** (``server.cpus``): engines that share a box without container limits (replicas on one GPU
+  box, ``idolcast bench --engines``) each see every core; without a share each sizes its pools and its
+  capacity for the whole box, four replicas four times over.
 """
 
 from __future__ import annotations
@@ -17,6 +20,19 @@ import os
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
+_share: float | None = None  # server.cpus, set once at start (set_share)
+
+
+def set_share(cpus: float) -> None:
+    """Cap what this process sizes itself by at ``cpus`` cores (``server.cpus``; 0 = no cap). Call it before
+    any pool is sized: the models' runtimes read it when they load."""
+    global _share
+    _share = cpus if cpus > 0 else None
+
+
+def cpu_share() -> float | None:
+    """The share set by :func:`set_share`, or None."""
+    return _share
 
 
 def affinity_cores() -> int:
@@ -45,10 +61,10 @@ def cpu_quota(root: Path = CGROUP) -> float | None:
 
 
 def usable_cpu(root: Path = CGROUP) -> float:
-    """The CPU time this process may use, in cores: its affinity, capped by its quota (may be fractional)."""
-    cores = float(affinity_cores())
-    quota = cpu_quota(root)
-    return max(min(cores, quota), 0.01) if quota is not None else cores
+    """The CPU time this process may use, in cores: its affinity, capped by its quota and its share (may be
+    fractional)."""
+    limits = [float(affinity_cores())] + [c for c in (cpu_quota(root), _share) if c is not None]
+    return max(min(limits), 0.01)
 
 
 def usable_cores(root: Path = CGROUP) -> int:
@@ -56,4 +72,4 @@ def usable_cores(root: Path = CGROUP) -> int:
     return max(1, math.ceil(usable_cpu(root) - 1e-9))
 
 
-__all__ = ["affinity_cores", "cpu_quota", "usable_cores", "usable_cpu"]
+__all__ = ["affinity_cores", "cpu_quota", "cpu_share", "set_share", "usable_cores", "usable_cpu"]

@@ -29,7 +29,8 @@
 # `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (STAGGER_S the
 # seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level, CLIENT_PROCS the
 # worker processes the bench's clients are spread over, 0 = one per two clients; ENGINES the engine processes
-# the sessions are spread over, replicas sharing the GPU; ICE_DEBUG=1 has the client workers log every STUN
+# the sessions are spread over, replicas sharing the GPU, each sizing its pools for the whole box unless
+# IDOLCAST_SERVER__CPUS gives its share; ICE_DEBUG=1 has the client workers log every STUN
 # message); both write
 # $OUT/sessions.json instead of bench.json and skip the single-session report. VERBOSE=1: the single-session
 # bench and its engine log at debug level (each pause's speculation and turn-end judgement) into bench.log.

@@ -69,8 +69,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="--sessions/--find-capacity: engine processes the bench starts, the sessions spread over them "
-        "in turn (replicas on one box: each has its own event loop and GIL); with --url, give "
-        "several URLs comma-separated instead",
+        "in turn (replicas on one box: each has its own event loop and GIL; each sizes its pools for the "
+        "whole box unless IDOLCAST_SERVER__CPUS gives its share); with --url, give several URLs "
+        "comma-separated instead",
     )
     p.add_argument(
         "--client-ice-debug",

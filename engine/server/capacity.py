@@ -142,7 +142,8 @@ def machine_busy_cores_s() -> float | None:
 
 
 def machine_cores() -> float:
-    """The CPU this engine may use, in cores (affinity capped by a container's quota: engine/cores.py)."""
+    """The CPU this engine may use, in cores (its affinity capped by a container's quota and server.cpus:
+    engine/cores.py)."""
     return usable_cpu()
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from engine.cores import affinity_cores, cpu_quota, usable_cores, usable_cpu
+from engine.cores import affinity_cores, cpu_quota, set_share, usable_cores, usable_cpu
+from engine.server.capacity import machine_cores
+from engine.transport.encoders import EncoderPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +56,29 @@ def test_cgroup_v1_without_a_limit(tmp_path: Path) -> None:
 
 def test_unreadable_quota_files_are_no_quota(tmp_path: Path) -> None:
     assert cpu_quota(_v2(tmp_path, "garbage")) is None
+
+
+@pytest.fixture
+def share() -> Iterator[Callable[[float], None]]:
+    yield set_share
+    set_share(0)
+
+
+def test_a_share_caps_the_cores_below_the_affinity_and_the_quota(
+    tmp_path: Path, share: Callable[[float], None]
+) -> None:
+    share(0.5)  # server.cpus = 0.5: one of several engines on a box without container limits
+    assert usable_cpu(tmp_path) == 0.5
+    assert usable_cores(tmp_path) == 1
+    share(0)  # no share: the affinity again
+    assert usable_cpu(tmp_path) == affinity_cores()
+    share(0.5)
+    assert usable_cpu(_v2(tmp_path, "25000 100000\n")) == 0.25  # a quota below the share still wins
+
+
+def test_the_engines_pools_and_capacity_are_sized_by_its_share(share: Callable[[float], None]) -> None:
+    whole = usable_cpu()
+    assert EncoderPolicy().cores == usable_cores()
+    share(1)
+    assert machine_cores() == min(1.0, whole)  # the capacity estimate counts the share
+    assert EncoderPolicy().cores == 1  # the video encoders' thread budget
