@@ -45,7 +45,8 @@ export PYTHONPATH="$STORE/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS
 info() {
     { date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
       python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)'
-      nproc; } 2>&1 | tee "$OUT/machine.txt"
+      nproc; lscpu | grep -E '^(Model name|Thread\(s\) per core|CPU\(s\) scaling MHz|CPU max MHz)' || true
+      grep -E '^(cpu |procs_running)' /proc/stat; } 2>&1 | tee "$OUT/machine.txt"
 }
 
 install_late() {  # .whl2: the persona memory's index wheels, carried with the voice (call 1 is full)
