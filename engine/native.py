@@ -59,6 +59,11 @@ def set_model_nice(nice: int) -> None:
     _model_nice = max(0, min(19, int(nice)))
 
 
+def model_nice() -> int:
+    """The nice steps model threads run below the rest (``server.model_nice``, as set at start)."""
+    return _model_nice
+
+
 def as_model_thread() -> None:
     """Make the calling thread a model thread: ``server.model_nice`` steps nicer (once per thread; Linux,
     where a thread's nice is its own; elsewhere nothing). Threads it starts from now on inherit it."""

@@ -41,6 +41,7 @@ from typing import Any
 
 from engine.config import CapacityConfig
 from engine.cores import usable_cpu
+from engine.native import model_nice
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,13 @@ _STAGE_OF_PREFIX = (
 )
 
 
-def stage_of_thread(name: str | None) -> str:
+def stage_of_thread(name: str | None, nicer: bool | None = None) -> str:
+    """The stage a thread's CPU counts to, by its Python name. A native thread (``name`` None: a runtime's
+    pool, ONNX Runtime's, an OpenMP team, CUDA's) counts by who started it, told by the nice it inherited
+    (engine/native.py): ``nicer`` True, a model thread (``native_models``); False, the loop, the render or
+    an encoder (``native_media``); None, unknown (``native``: model threads are not nicer)."""
     if name is None:
-        return "native"
+        return "native" if nicer is None else ("native_models" if nicer else "native_media")
     for prefix, stage in _STAGE_OF_PREFIX:
         if name.startswith(prefix):
             return stage
@@ -114,6 +119,9 @@ class ProcCPU:
             t = os.times()
             return {"other": t.user + t.system}
         names = {t.native_id: t.name for t in threading.enumerate()}
+        # a native thread inherits the nice of the thread that started it: the process's own (the loop's)
+        # or the models' (server.model_nice steps more); with model_nice 0 the two cannot be told apart
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid()) if model_nice() > 0 else None
         out: dict[str, float] = {}
         for tid in os.listdir("/proc/self/task"):
             try:
@@ -122,7 +130,8 @@ class ProcCPU:
             except OSError:  # the thread ended meanwhile
                 continue
             secs = (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime
-            stage = stage_of_thread(names.get(int(tid)))
+            nicer = None if base is None else int(fields[16]) > base  # field 19 of stat: nice
+            stage = stage_of_thread(names.get(int(tid)), nicer)
             out[stage] = out.get(stage, 0.0) + secs
         # threads that ended took their time with them: the process total keeps it
         t = os.times()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from engine.config import CapacityConfig, Settings, load_settings
+from engine.native import as_model_thread, set_model_nice
 from engine.server.capacity import CapacityMonitor, LoopLag, ProcCPU, stage_of_thread
 
 
@@ -193,3 +197,38 @@ def test_thread_cpu_is_read_per_stage_from_the_running_process() -> None:
     read.set()
     t.join()
     assert during.get("render", 0.0) - before.get("render", 0.0) >= 0.25
+
+
+@pytest.mark.unit
+def test_a_native_pool_counts_to_the_models_or_the_media_by_the_thread_that_started_it() -> None:
+    import onnxruntime as ort
+
+    spec = importlib.util.find_spec("silero_vad")  # the model file only: importing it changes torch's threads
+    assert spec is not None and spec.origin is not None
+    model = Path(spec.origin).parent / "data" / "silero_vad.onnx"
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2  # one worker thread besides the caller's
+    sessions: dict[str, ort.InferenceSession] = {}
+    born: dict[str, set[str]] = {}
+
+    def start(stage: str, model_thread: bool) -> None:
+        if model_thread:
+            as_model_thread()
+        before = set(os.listdir("/proc/self/task"))
+        sessions[stage] = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        born[stage] = set(os.listdir("/proc/self/task")) - before
+
+    set_model_nice(5)
+    try:
+        for stage, model_thread in (("models", True), ("media", False)):
+            t = threading.Thread(target=start, args=(stage, model_thread))
+            t.start()
+            t.join()
+        assert born["models"] and born["media"]  # ONNX Runtime's pools, started with the sessions
+        read = ProcCPU().read()
+        assert "native_models" in read and "native_media" in read
+        set_model_nice(0)  # model threads no nicer: the two cannot be told apart
+        read = ProcCPU().read()
+        assert "native" in read and "native_models" not in read
+    finally:
+        set_model_nice(0)
