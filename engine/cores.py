@@ -72,4 +72,28 @@ def usable_cores(root: Path = CGROUP) -> int:
     return max(1, math.ceil(usable_cpu(root) - 1e-9))
 
 
-__all__ = ["affinity_cores", "cpu_quota", "cpu_share", "set_share", "usable_cores", "usable_cpu"]
+CPU_TIME_KINDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu_times(stat: Path = Path("/proc/stat")) -> dict[str, float] | None:
+    """The whole machine's CPU seconds since boot by kind (all processes, all cores; the first line of
+    ``/proc/stat``: :data:`CPU_TIME_KINDS`), or None where there is no such file."""
+    try:
+        with open(stat, "rb") as f:
+            ticks = [int(x) for x in f.readline().split()[1 : 1 + len(CPU_TIME_KINDS)]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return {kind: t / hz for kind, t in zip(CPU_TIME_KINDS, ticks, strict=False)}
+
+
+__all__ = [
+    "CPU_TIME_KINDS",
+    "affinity_cores",
+    "cpu_quota",
+    "cpu_share",
+    "machine_cpu_times",
+    "set_share",
+    "usable_cores",
+    "usable_cpu",
+]

@@ -168,6 +168,7 @@ for s in r["per_session"]:
           "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
 print("pooled", r["sessions"], "engines", r.get("engines"), "client processes", r.get("client_procs"), r["pooled"])
+print("host CPU from the peak on", r.get("host_cpu"))
 for step in (r.get("capacity") or {}).get("steps", []):
     est = step.get("engine_capacity") or {}
     print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.bench.voices import BY_NAME, STYLES, VoiceStyle, apply_style, noise_bed, synthesis_scale
 from engine.config import Settings
+from engine.cores import CPU_TIME_KINDS
 from engine.native import preload_native_modules
 from engine.progress import ConsoleProgress
 
@@ -380,6 +381,12 @@ def many_table(report: dict[str, Any]) -> str:
         f"lipsync mean {p['lipsync_offset_ms']['mean']} |p95| {p['lipsync_abs_p95_ms']}, "
         f"clients' loop lag max {p.get('client_loop_lag_max_ms')} ms"
     )
+    host = report.get("host_cpu")
+    if host:
+        kinds = ", ".join(f"{k} {v:.0%}" for k, v in host.items() if k in CPU_TIME_KINDS and v >= 0.005)
+        lines.append(
+            f"the box's CPU from the peak on: {host['busy_cores']} of {host['cores']} cores busy ({kinds})"
+        )
     cap = report.get("capacity")
     if cap:
         for step in cap["steps"]:

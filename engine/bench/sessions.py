@@ -37,7 +37,7 @@ import aiohttp
 
 from engine.bench.stats import summarize
 from engine.bench.voice import Question, run_voice_bench
-from engine.cores import usable_cores
+from engine.cores import machine_cpu_times, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +311,10 @@ async def run_sessions(
 
     async def sample_peak() -> None:  # each engine's own estimate while all N are connected
         await asyncio.sleep(1.5 + n * stagger_s + (6.0 if procs > 1 else 0.0))
+        peak["host_cpu"] = (
+            time.monotonic(),
+            await asyncio.to_thread(machine_cpu_times),
+        )  # to the clients' end
         peak["engines"] = await asyncio.gather(*(engine_capacity(u, token) for u in engines))
 
     sampler = asyncio.ensure_future(sample_peak())
@@ -320,6 +324,10 @@ async def run_sessions(
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
+    host = None
+    if "host_cpu" in peak:  # reached the peak: the box's CPU from there to the clients' end
+        t0, before = peak["host_cpu"]
+        host = host_cpu_split(t0, before, time.monotonic(), machine_cpu_times())
     per_session = [_session_entry(i, len(questions), r) for i, r in enumerate(results)]
     for s in per_session:
         if s["error"]:
@@ -332,7 +340,27 @@ async def run_sessions(
         "engines": len(engines),
         "engine_capacity": (peak.get("engines") or [None])[0],  # the first engine's
         "engine_capacities": peak.get("engines") or [],
+        "host_cpu": host,
     }
+
+
+def host_cpu_split(
+    t0: float, before: dict[str, float] | None, t1: float, after: dict[str, float] | None
+) -> dict[str, Any] | None:
+    """The whole box's CPU between two readings of :func:`~engine.cores.machine_cpu_times` (engines, clients
+    and anything else on it): each kind's share of all the cores' time (``steal``: a virtual machine's cores
+    taken by its host), and the cores busy on average. None without both readings."""
+    if before is None or after is None or t1 <= t0:
+        return None
+    spent = {k: max(0.0, after[k] - before.get(k, 0.0)) for k in after}
+    total = sum(spent.values())
+    if total <= 0:
+        return None
+    out: dict[str, Any] = {k: round(v / total, 3) for k, v in spent.items()}
+    out["busy_cores"] = round((total - spent.get("idle", 0.0) - spent.get("iowait", 0.0)) / (t1 - t0), 2)
+    out["cores"] = os.cpu_count()
+    out["seconds"] = round(t1 - t0, 1)
+    return out
 
 
 EngineFactory = Callable[[], AbstractContextManager[str | list[str]]]

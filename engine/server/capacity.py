@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import CapacityConfig
-from engine.cores import usable_cpu
+from engine.cores import machine_cpu_times, usable_cpu
 from engine.native import model_nice
 
 log = logging.getLogger(__name__)
@@ -141,13 +141,8 @@ class ProcCPU:
 
 def machine_busy_cores_s() -> float | None:
     """CPU seconds the whole machine has been busy (all processes; ``/proc/stat``), or None elsewhere."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            ticks = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-    return busy / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+    times = machine_cpu_times()
+    return None if times is None else sum(times.values()) - times["idle"] - times.get("iowait", 0.0)
 
 
 def machine_cores() -> float:

@@ -20,6 +20,7 @@ from aiortc import RTCPeerConnection
 from engine.bench.sessions import ServiceLevel, engine_capacity, find_capacity, run_sessions
 from engine.bench.voice import Question
 from engine.config import CapacityConfig, Settings
+from engine.cores import CPU_TIME_KINDS
 from engine.models import EngineModels
 from engine.tts.base import Synthesis
 from tests.engine.conftest import LiveServer, connected, live_server
@@ -117,6 +118,9 @@ async def test_clients_spread_over_processes_are_measured_like_in_process_ones(
     for s in report["per_session"]:
         assert not s["error"] and s["unanswered"] == 0 and s["voice_to_voice_ms"]["n"] == 1, s
     assert report["pooled"]["voice_to_voice_ms"]["n"] == 2
+    host = report["host_cpu"]  # the box's CPU while the sessions ran: engine, clients and all
+    assert host is not None and host["busy_cores"] > 0.1, host
+    assert abs(sum(v for k, v in host.items() if k in CPU_TIME_KINDS) - 1.0) < 0.01
 
 
 class _SlowTTS:

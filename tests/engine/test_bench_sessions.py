@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from engine.bench.sessions import ServiceLevel, _session_entry, core_slices, pool, rotated, spread
+from engine.bench.sessions import (
+    ServiceLevel,
+    _session_entry,
+    core_slices,
+    host_cpu_split,
+    pool,
+    rotated,
+    spread,
+)
 from engine.bench.stats import summarize
 from engine.bench.voice import Question
+from engine.cores import machine_cpu_times
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +92,18 @@ def test_sessions_spread_over_the_engines_in_turn_each_host_in_its_own_order() -
     assert {url for _, url, _, _ in spread("http://one", qs, 3, 1.0)} == {"http://one"}
     with pytest.raises(ValueError, match="no engine"):
         spread([], qs, 2, 1.0)
+
+
+def test_the_boxs_cpu_is_split_by_kind_between_two_readings(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    hz = os.sysconf("SC_CLK_TCK")
+    stat.write_text(f"cpu  {100 * hz} 0 {50 * hz} {800 * hz} 0 0 0 {50 * hz} 0 0\ncpu0 1 2 3\n")
+    before = machine_cpu_times(stat)
+    assert before is not None and before["user"] == 100.0 and before["steal"] == 50.0
+    stat.write_text(f"cpu  {130 * hz} 0 {70 * hz} {830 * hz} 0 0 0 {70 * hz} 0 0\n")  # 10 s on 10 cores
+    split = host_cpu_split(0.0, before, 10.0, machine_cpu_times(stat))
+    assert split is not None
+    assert (split["user"], split["system"], split["idle"], split["steal"]) == (0.3, 0.2, 0.3, 0.2)
+    assert split["busy_cores"] == 7.0 and split["seconds"] == 10.0
+    assert host_cpu_split(0.0, None, 10.0, before) is None
+    assert machine_cpu_times(tmp_path / "absent") is None
