@@ -202,6 +202,38 @@ EOF
         python3 -m engine.bench.gpu_stages --tts "$VOICE" --repeats 10 --out "$OUT/tts.json" | tail -3
     fi
     ;;
+ab)
+    # Settings compared on one host (issue 13): VARIANTS, ';'-separated, each a few VAR=value words ('-': none),
+    # run ROUNDS times (default 2) interleaved, each a whole `bench` with the caller's SESSIONS, ENGINES, ...:
+    #   VARIANTS='-;IDOLCAST_SERVER__CPUS=4;IDOLCAST_SERVER__MODEL_NICE=0' SESSIONS=16 ENGINES=4 TURNS=2 \
+    #   EOT_MS=200 IDOLCAST_VAD__TURN_DETECTOR=off IDOLCAST_TTS__DEVICE=cpu BENCH_TIMEOUT=150 bash scripts/gpu_e2e.sh ab
+    # A call brings back 8 files: each run's sessions.json as $OUT/ab-<round>-<variant>.json, and one line each.
+    IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:--}"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+        for k in "${!VARIANT_LIST[@]}"; do
+            settings=${VARIANT_LIST[$k]}; [ "$settings" = "-" ] && settings=""
+            # shellcheck disable=SC2086  # the words of one variant
+            rm -rf "$STORE/ab/$round-$k"
+            ( if [ -n "$settings" ]; then export $settings; fi; OUT=$STORE/ab/$round-$k bash "$0" bench > "$STORE/ab-$round-$k.txt" 2>&1 )
+            cp "$STORE/ab/$round-$k/sessions.json" "$OUT/ab-$round-$k.json" 2> /dev/null || tail -3 "$STORE/ab-$round-$k.txt"
+            python3 - "$OUT/ab-$round-$k.json" "$round" "${settings:-(none)}" <<'EOF_AB'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except OSError:
+    sys.exit(0)
+p, h = r["pooled"], r.get("host_cpu") or {}
+engines = r.get("engine_capacities") or []
+lag = [e["event_loop_lag_ms"]["p50"] for e in engines]
+stages = [e["resources"]["cpu"].get("per_session_stages", {}) for e in engines]
+native = {k: round(sum(s.get(k, 0.0) for s in stages) / max(1, len(stages)), 3) for k in ("native", "native_models", "native_media", "encode", "tts", "render", "loop")}
+print(f"round {sys.argv[2]} {sys.argv[3]}: v2v {p['voice_to_voice_ms'].get('p50')} / {p['voice_to_voice_ms'].get('p95')}",
+      f"unanswered {p['unanswered']} fps {p['fps_mean']} low {p['fps_min_1s']} (media {p.get('fps_min_1s_media')})",
+      f"loop lag p50 {lag} per-session cores {native} box {h.get('busy_cores')} busy, system {h.get('system')} steal {h.get('steal')}")
+EOF_AB
+        done
+    done
+    ;;
 *)
-    echo "usage: $0 install|checks|stash|bench"; exit 2 ;;
+    echo "usage: $0 install|checks|stash|bench|ab"; exit 2 ;;
 esac
