@@ -212,8 +212,8 @@ ab)
     for round in $(seq 1 "${ROUNDS:-2}"); do
         for k in "${!VARIANT_LIST[@]}"; do
             settings=${VARIANT_LIST[$k]}; [ "$settings" = "-" ] && settings=""
-            # shellcheck disable=SC2086  # the words of one variant
             rm -rf "$STORE/ab/$round-$k"
+            # shellcheck disable=SC2086  # the words of one variant
             ( if [ -n "$settings" ]; then export $settings; fi; OUT=$STORE/ab/$round-$k bash "$0" bench > "$STORE/ab-$round-$k.txt" 2>&1 )
             cp "$STORE/ab/$round-$k/sessions.json" "$OUT/ab-$round-$k.json" 2> /dev/null || tail -3 "$STORE/ab-$round-$k.txt"
             python3 - "$OUT/ab-$round-$k.json" "$round" "${settings:-(none)}" <<'EOF_AB'
