@@ -404,6 +404,7 @@ async def find_capacity(
                 "pooled": pooled,
                 "per_session": report["per_session"],
                 "engine_capacity": report["engine_capacity"],
+                "host_cpu": report["host_cpu"],
             }
         )
         log.info("capacity: %d session(s) %s", n, "held" if not broken else f"broke: {'; '.join(broken)}")
