@@ -54,6 +54,23 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error_response(500, "internal error (see the engine log)")
 
 
+MAX_JSON_DEPTH = 32  # no body of the API nests deeper than a few levels
+
+
+def nested_deeper_than(data: Any, limit: int) -> bool:
+    """Whether ``data`` (parsed JSON) has lists or objects nested more than ``limit`` deep (iterative)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            stack.extend(
+                (child, depth + 1) for child in (value.values() if isinstance(value, dict) else value)
+            )
+    return False
+
+
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, or a 4xx that says why not."""
     try:
@@ -68,6 +85,10 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise APIError(400, f"malformed JSON: {e}") from None
     except RecursionError:
         raise APIError(400, "malformed JSON: nested too deeply") from None
+    # past the parser's recursion limit it fails above; that limit is process-wide and torch's compiler raises
+    # it (to 2,000 while the avatar's features compile), so the bound is stated here too
+    if nested_deeper_than(data, MAX_JSON_DEPTH):
+        raise APIError(400, f"malformed JSON: nested too deeply (more than {MAX_JSON_DEPTH} levels)")
     if not isinstance(data, dict):
         raise APIError(400, "expected a JSON object")
     return data
