@@ -53,8 +53,8 @@ def compiler_missing() -> str | None:
 
 
 def _compile(fn: Kernel) -> Kernel:
-    # importing torch's compiler raises the recursion limit process-wide: put it back (the server's JSON
-    # parser relies on it to refuse deeply nested bodies with a 400)
+    # importing torch's compiler raises the recursion limit process-wide: put it back (compiling raises it
+    # again, to 2,000; the server bounds JSON nesting itself, engine/server/errors.py)
     limit = sys.getrecursionlimit()
     import torch._inductor.config as inductor
 
