@@ -30,11 +30,6 @@ def set_share(cpus: float) -> None:
     _share = cpus if cpus > 0 else None
 
 
-def cpu_share() -> float | None:
-    """The share set by :func:`set_share`, or None."""
-    return _share
-
-
 def affinity_cores() -> int:
     """The cores this process may run on."""
     try:
@@ -91,7 +86,6 @@ __all__ = [
     "CPU_TIME_KINDS",
     "affinity_cores",
     "cpu_quota",
-    "cpu_share",
     "machine_cpu_times",
     "set_share",
     "usable_cores",

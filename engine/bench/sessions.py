@@ -311,10 +311,8 @@ async def run_sessions(
 
     async def sample_peak() -> None:  # each engine's own estimate while all N are connected
         await asyncio.sleep(1.5 + n * stagger_s + (6.0 if procs > 1 else 0.0))
-        peak["host_cpu"] = (
-            time.monotonic(),
-            await asyncio.to_thread(machine_cpu_times),
-        )  # to the clients' end
+        cpu = await asyncio.to_thread(machine_cpu_times)  # the box's, from here to the clients' end
+        peak["host_cpu"] = (time.monotonic(), cpu)
         peak["engines"] = await asyncio.gather(*(engine_capacity(u, token) for u in engines))
 
     sampler = asyncio.ensure_future(sample_peak())
