@@ -86,6 +86,11 @@ class LLMConfig(BaseModel):
         le=64,
         description="static KV caches (each with its captured step) for replies generated at the same time",
     )
+    cuda_graph_batched: bool = Field(
+        True,
+        description="the caches are rows of one batch: replies decoding at the same time take each token in "
+        "one graph step together (the weights read once a step for all), not one step each",
+    )
     # OpenAI-compatible backend
     base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible endpoint")
     api_key: str = Field("", description="bearer token for the endpoint (or IDOLCAST_LLM__API_KEY)")

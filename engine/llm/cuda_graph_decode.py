@@ -19,13 +19,20 @@ chunk written past the end and overwritten later): a turn's tail of a few dozen 
 instead of an eager forward, whose hundreds of launches cost 60-80 ms on a busy host (measured on the H200
 host). Without graphs, prefill is eager (SDPA with an explicit causal mask over ``[prefix + tail]``).
 
+:class:`BatchedDecoder` holds several conversations as the rows of one such cache and decodes the next token of
+every row that asks in **one** captured step, each row at its own position (its own rotary angle, K/V write
+and attention mask): decode reads the weights once a step whatever the rows, so conversations decoding at the
+same time share that read instead of queueing their own steps. Each row is also a :class:`GraphDecoder` of
+its own (views of the shared buffers) for its prefill.
+
 The model's weights must not be replaced after construction (the graph holds their addresses).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -67,6 +74,20 @@ def _model_rotary_fn(attn: Any) -> RotaryFn:
     return rotary
 
 
+KVWrite = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class RowStorage:
+    """One row's views of a :class:`BatchedDecoder`'s buffers: K and V ``[layers, 1, kv_heads, cap, head_dim]``,
+    the position ``[1]`` and the token ids ``[1, cap]``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: torch.Tensor
+    ids: torch.Tensor
+
+
 class GraphDecoder:
     """Static-KV, graph-replayed greedy-friendly decoder around a decoder-only HF causal LM.
 
@@ -76,7 +97,14 @@ class GraphDecoder:
     ``use_graph`` defaults to "on CUDA"; pass ``False`` to run the same step eagerly (for debugging).
     """
 
-    def __init__(self, model: nn.Module, max_len: int, batch: int = 1, use_graph: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        max_len: int,
+        batch: int = 1,
+        use_graph: bool | None = None,
+        storage: RowStorage | None = None,
+    ) -> None:
         if max_len < 2:
             raise ValueError("max_len must be at least 2")
         if batch < 1:
@@ -127,10 +155,15 @@ class GraphDecoder:
         self.device: torch.device = weight.device
         self.dtype: torch.dtype = weight.dtype
         dev = self.device
+        if storage is not None and batch != 1:
+            raise ValueError("a row of a batched decoder has batch 1")
         with torch.no_grad():
             kv_shape = (self.n_layers, batch, self.n_kv_heads, self._cap, self.head_dim)
-            self.k_cache = torch.zeros(kv_shape, dtype=self.dtype, device=dev)
-            self.v_cache = torch.zeros(kv_shape, dtype=self.dtype, device=dev)
+            if storage is None:
+                self.k_cache = torch.zeros(kv_shape, dtype=self.dtype, device=dev)
+                self.v_cache = torch.zeros(kv_shape, dtype=self.dtype, device=dev)
+            else:
+                self.k_cache, self.v_cache = storage.k, storage.v
             # The model's own rotary embedding, evaluated once for every position: [max_len, head_dim].
             positions = torch.arange(self._cap, device=dev).unsqueeze(0)
             probe = torch.zeros(1, 1, self.head_dim, dtype=self.dtype, device=dev)
@@ -139,9 +172,13 @@ class GraphDecoder:
             self._sin = sin[0].contiguous()
             self._arange = torch.arange(self._cap, device=dev)
             # Device-side state of a step: the position of the token being fed, that token, the token ids.
-            self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+            self.pos = torch.zeros(1, dtype=torch.long, device=dev) if storage is None else storage.pos
             self._tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
-            self._ids = torch.zeros(batch, self._cap, dtype=torch.long, device=dev)
+            self._ids = (
+                torch.zeros(batch, self._cap, dtype=torch.long, device=dev)
+                if storage is None
+                else storage.ids
+            )
             # The prefill chunk: its token ids, how many of them are real, and their offsets from ``pos``.
             self._chunk_tok = torch.zeros(batch, PREFILL_CHUNK, dtype=torch.long, device=dev)
             self._chunk_n = torch.ones(1, dtype=torch.long, device=dev)
@@ -175,21 +212,21 @@ class GraphDecoder:
         q, k = self._rotary(q, k, cos, sin)
         return q, k, v
 
-    def _cached_layers(self, h: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """All layers for the ``T`` tokens ``h`` ``[B, T, H]`` at the device ``positions`` ``[T]``: their K/V
-        written into the static cache there, attention over the whole cache under ``mask`` (rows grouped as
-        (head in group, position), ``[1, 1, group * T or 1, cap]``). Returns the hidden states."""
-        b, t, g = self.batch, h.shape[1], self._group
+    def _cached_layers(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, write: KVWrite
+    ) -> torch.Tensor:
+        """All layers for the ``T`` tokens ``h`` ``[B, T, H]`` with their rotary ``cos``/``sin``: their K/V
+        put into the static cache by ``write(k_all, v_all, k, v)``, attention over the whole cache under
+        ``mask`` (rows grouped as (head in group, position), broadcastable to ``[B, 1, group * T, cap]``).
+        Returns the hidden states."""
+        b, t, g = h.shape[0], h.shape[1], self._group
         kvh, hd = self.n_kv_heads, self.head_dim
-        cos = self._cos.index_select(0, positions).unsqueeze(0)  # [1, T, head_dim]
-        sin = self._sin.index_select(0, positions).unsqueeze(0)
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q, k, v = self._attn_qkv(attn, x, cos, sin)
             k_all, v_all = self.k_cache[i], self.v_cache[i]
-            k_all.index_copy_(2, positions, k)
-            v_all.index_copy_(2, positions, v)
+            write(k_all, v_all, k, v)
             # GQA without repeating K/V and without enable_gqa (masked GQA falls back to the math kernel on
             # CUDA, as transformers' SDPA integration notes): the queries of the heads that share a K/V head
             # become that K/V head's query rows.
@@ -200,12 +237,23 @@ class GraphDecoder:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
 
+    def _layers_at(self, h: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_cached_layers` for tokens at the device ``positions`` ``[T]``, the same for every row."""
+        cos = self._cos.index_select(0, positions).unsqueeze(0)  # [1, T, head_dim]
+        sin = self._sin.index_select(0, positions).unsqueeze(0)
+
+        def write(k_all: torch.Tensor, v_all: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+            k_all.index_copy_(2, positions, k)
+            v_all.index_copy_(2, positions, v)
+
+        return self._cached_layers(h, cos, sin, mask, write)
+
     def _step_impl(self) -> torch.Tensor:
         """One token for every row at position ``self.pos``; returns logits ``[B, vocab]``."""
         pos = self.pos
         self._ids.index_copy_(1, pos, self._tok)
         mask = (self._arange <= pos).view(1, 1, 1, self._cap)
-        h = self._cached_layers(self._embed(self._tok), pos, mask)
+        h = self._layers_at(self._embed(self._tok), pos, mask)
         logits = self._lm_head(self._norm(h))[:, -1, :]
         self.pos.add_(1)
         return logits
@@ -218,38 +266,45 @@ class GraphDecoder:
         positions = self.pos + self._chunk_offsets  # [T]
         self._ids.index_copy_(1, positions, self._chunk_tok)
         mask = (self._arange.view(1, -1) <= positions.view(-1, 1)).repeat(g, 1).view(1, 1, g * t, self._cap)
-        h = self._cached_layers(self._embed(self._chunk_tok), positions, mask)
+        h = self._layers_at(self._embed(self._chunk_tok), positions, mask)
         last = h.index_select(1, self._chunk_n - 1)  # [B, 1, H]
         logits = self._lm_head(self._norm(last))[:, -1, :]
         self.pos.add_(self._chunk_n)
         return logits
 
     def _capture(self) -> None:
-        """Warm up on a side stream and capture one step and one prefill chunk (called while the cache is
-        empty)."""
+        """Capture one step and one prefill chunk (called while the cache is empty)."""
+        (self._graph, self._logits), (self._chunk_graph, self._chunk_logits) = self._capture_graphs(
+            self._step_impl, self._chunk_impl
+        )
+
+    def _capture_graphs(
+        self, *impls: Callable[[], torch.Tensor]
+    ) -> list[tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+        """Warm ``impls`` up on a side stream, then capture each into a graph of its own: (graph, its output
+        buffer) each. The position is restored after every run and the cache emptied at the end."""
         saved_pos = self.pos.clone()
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):
-                self.pos.copy_(saved_pos)
-                self._step_impl()
-                self.pos.copy_(saved_pos)
-                self._chunk_impl()
+                for impl in impls:
+                    self.pos.copy_(saved_pos)
+                    impl()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph, chunk_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        captured: list[tuple[torch.cuda.CUDAGraph, torch.Tensor]] = []
         with torch.no_grad():
-            self.pos.copy_(saved_pos)
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._logits = self._step_impl()
-            self.pos.copy_(saved_pos)
-            with torch.cuda.graph(chunk_graph, capture_error_mode="thread_local"):
-                self._chunk_logits = self._chunk_impl()
+            for impl in impls:
+                graph = torch.cuda.CUDAGraph()
+                self.pos.copy_(saved_pos)
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    out = impl()
+                captured.append((graph, out))
             self.pos.copy_(saved_pos)
             self.k_cache.zero_()
             self.v_cache.zero_()
             self._ids.zero_()
-        self._graph, self._chunk_graph = graph, chunk_graph
+        return captured
 
     def step(self, token_id: int | torch.Tensor) -> torch.Tensor:
         """Feed one token per row (an int, or a tensor of ``batch`` ids, ideally already on the device) and
@@ -387,3 +442,101 @@ class GraphDecoder:
         common = int(mismatch[0, 0]) if mismatch.numel() else n
         self.reset_to(common)
         return self.prefill(ids[:, common:], common), common
+
+
+class BatchedDecoder(GraphDecoder):
+    """``rows`` conversations as the rows of one static KV cache; :meth:`step_rows` decodes the next token of
+    any subset of them in one step (one graph replay on CUDA), each row at its own position.
+
+    ``rows[r]`` is row ``r`` as a :class:`GraphDecoder` of its own over views of these buffers: prefill, crop
+    and read a row there (its own graphs), never through this object. A row left out of a step keeps its K/V,
+    ids, position and logits: the step writes its K/V and id at the buffer's last position, which no row ever
+    uses (a prefill chunk's unused rows end ``PREFILL_CHUNK - 1`` past ``max_len``, below it), and leaves its
+    logits row as it was. So a row may prefill, on the same stream, between two steps of the others.
+    """
+
+    def __init__(self, model: nn.Module, max_len: int, rows: int, use_graph: bool | None = None) -> None:
+        if rows < 1:
+            raise ValueError("rows must be at least 1")
+        super().__init__(model, max_len, batch=rows, use_graph=False)  # the buffers; the graphs below
+        dev = self.device
+        with torch.no_grad():
+            self.pos = torch.zeros(rows, dtype=torch.long, device=dev)
+            self._scratch = torch.full((rows,), self._cap - 1, dtype=torch.long, device=dev)
+            self.out = torch.zeros(rows, self.vocab, dtype=self.dtype, device=dev)  # each row's last logits
+        self.use_graph = (dev.type == "cuda") if use_graph is None else use_graph
+        if self.use_graph and dev.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.rows = [
+            GraphDecoder(
+                model,
+                max_len,
+                use_graph=self.use_graph,
+                storage=RowStorage(
+                    self.k_cache[:, r : r + 1],
+                    self.v_cache[:, r : r + 1],
+                    self.pos[r : r + 1],
+                    self._ids[r : r + 1],
+                ),
+            )
+            for r in range(rows)
+        ]
+        if self.use_graph:
+            with torch.no_grad():
+                self._tok.fill_(-1)
+            ((self._graph, self._logits),) = self._capture_graphs(self._step_impl)
+
+    def _step_impl(self) -> torch.Tensor:
+        """The next token of every row whose ``_tok`` is a token (not -1), each at its own position; the rows'
+        logits land in ``out``, the others' rows of ``out`` stay."""
+        active = self._tok.view(-1) >= 0  # [rows]
+        tok = self._tok.clamp_min(0)
+        pos = torch.where(active, self.pos, self._scratch)
+        self._ids.scatter_(1, pos.view(-1, 1), tok)
+        mask = (self._arange.view(1, -1) <= pos.view(-1, 1)).view(-1, 1, 1, self._cap)
+        cos = self._cos.index_select(0, pos).unsqueeze(1)  # [rows, 1, head_dim]
+        sin = self._sin.index_select(0, pos).unsqueeze(1)
+        where = pos.view(-1, 1, 1, 1).expand(-1, self.n_kv_heads, 1, self.head_dim)
+
+        def write(k_all: torch.Tensor, v_all: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+            k_all.scatter_(2, where, k)
+            v_all.scatter_(2, where, v)
+
+        h = self._cached_layers(self._embed(tok), cos, sin, mask, write)
+        logits = self._lm_head(self._norm(h))[:, -1, :]
+        self.out.copy_(torch.where(active.view(-1, 1), logits, self.out))
+        self.pos.add_(active.long())
+        return self.out
+
+    def step_rows(self, tokens: Mapping[int, int]) -> torch.Tensor:
+        """Feed ``tokens`` (row -> token) in one step; returns ``out`` ``[rows, vocab]``, whose stepped rows hold
+        their next logits until those rows are stepped again. No host synchronisation."""
+        if not tokens:
+            raise ValueError("a step needs at least one row")
+        for r in tokens:
+            if self.rows[r].length >= self.max_len:
+                raise RuntimeError(f"KV cache row {r} full ({self.max_len} tokens)")
+        feed = [-1] * len(self.rows)
+        for r, token in tokens.items():
+            feed[r] = token
+        with torch.no_grad():
+            self._tok.copy_(torch.tensor(feed, dtype=torch.long).view(-1, 1))
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                self._step_impl()
+        for r in tokens:
+            self.rows[r].length += 1
+        return self.out
+
+    def step(self, token_id: int | torch.Tensor) -> torch.Tensor:
+        raise TypeError("a batched decoder steps rows: step_rows({row: token})")
+
+    def prefill(self, input_ids: torch.Tensor, start_pos: int, all_logits: bool = False) -> torch.Tensor:
+        raise TypeError("prefill a row of a batched decoder through .rows[row]")
+
+    def prefill_chunked(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        raise TypeError("prefill a row of a batched decoder through .rows[row]")
+
+    def reset_to(self, pos: int) -> None:
+        raise TypeError("crop a row of a batched decoder through .rows[row]")

@@ -38,7 +38,9 @@ class GraphDecodePath(TransformersGeneration):
         max_len = min(cfg.cuda_graph_max_len, self.max_positions)
         start = time.perf_counter()
         try:
-            slots = GraphSlots(self.model, max_len=max_len, slots=cfg.cuda_graph_slots)
+            slots = GraphSlots(
+                self.model, max_len=max_len, slots=cfg.cuda_graph_slots, batched=cfg.cuda_graph_batched
+            )
         except NotImplementedError as e:
             log.warning("llm: no CUDA-graph decode for this model (%s): eager decode with a DynamicCache", e)
             return None
@@ -46,7 +48,8 @@ class GraphDecodePath(TransformersGeneration):
             slots.warm(self.stop_ids[0] if self.stop_ids else 0)
         progress(
             "llm",
-            f"CUDA-graph decode captured ({cfg.cuda_graph_slots} caches, "
+            f"CUDA-graph decode captured ({cfg.cuda_graph_slots} caches"
+            f"{', decoding together' if cfg.cuda_graph_batched else ''}, "
             f"{time.perf_counter() - start:.1f} s)",
         )
         return slots
@@ -92,16 +95,15 @@ class GraphDecodePath(TransformersGeneration):
         return self._prefill(ids, keep, forward, slot.ids, stop, stats)
 
     def _run_graph(self, slot: GraphSlot, ids: list[int], chan: PieceChannel, stats: CallStats) -> None:
-        dec = slot.decoder
+        slots = self.graph_slots
+        assert slots is not None
         # Reuse the longest common prefix; at least one token must be fed to get logits.
         logits = self._slot_prefill(slot, ids, len(ids) - 1, chan.stop, stats)
         if logits is None:
             return
 
         def feed(token: int) -> torch.Tensor:
-            out = dec.step(token)  # the graph's static buffer: the sampler copies it before the next step
-            slot.ids.append(token)
-            return out
+            return slots.step(slot, token)  # a static buffer: the sampler copies it before the next step
 
         cfg = self.config
         sampler = slot.sampler

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from engine.llm.cuda_graph_decode import GraphDecoder
+from engine.llm.cuda_graph_decode import BatchedDecoder, GraphDecoder
 from engine.llm.cuda_reference import build_qwen2, eager_teacher_forced, rel_err
 
 FP32_TOL = 1e-4  # relative error (L2 over the vocabulary) per step, float32
@@ -189,6 +189,47 @@ def test_batch_rows_are_independent() -> None:
             assert _rel(got[i][row], ref[i][0]) < FP32_TOL
 
 
+def _check_batched_rows(model: torch.nn.Module, device: str, tol: float) -> None:
+    """Rows of a BatchedDecoder at different lengths, prefilled through their own decoders and stepped in
+    changing subsets (a row left out keeps its state), against each conversation run alone in eager."""
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, 96, (1, n), generator=gen).to(device) for n in (5, 2, 19)]
+    feeds = [torch.randint(0, 96, (1, 8), generator=gen).to(device) for _ in prompts]
+    dec = BatchedDecoder(model, max_len=40, rows=3)
+    assert dec.use_graph == (device == "cuda") and all(r.use_graph == dec.use_graph for r in dec.rows)
+    firsts = [dec.rows[r].prefill(p, 0) for r, p in enumerate(prompts)]
+    got: list[list[torch.Tensor]] = [[], [], []]
+    fed = [0, 0, 0]
+    for subset in ([0, 2], [1], [0, 1, 2], [2], [0, 1], [0, 1, 2], [2, 1], [0, 2], [1, 2], [0, 1]):
+        out = dec.step_rows({r: int(feeds[r][0, fed[r]]) for r in subset})
+        for r in subset:
+            got[r].append(out[r : r + 1].clone())
+            fed[r] += 1
+    for r, prompt in enumerate(prompts):
+        ref_first, ref_steps = _eager_teacher_forced(model, prompt, feeds[r][:, : fed[r]])
+        assert _rel(firsts[r], ref_first) < tol
+        for i, (g, ref) in enumerate(zip(got[r], ref_steps, strict=True)):
+            assert _rel(g, ref) < tol, (r, i)
+        assert dec.rows[r].length == prompt.shape[1] + fed[r]
+        assert torch.equal(dec.rows[r].cached_ids(), torch.cat([prompt, feeds[r][:, : fed[r]]], dim=1).cpu())
+    # A row cropped and prefilled anew between the others' steps.
+    dec.rows[1].reset_to(1)
+    again = dec.rows[1].prefill(prompts[0], 1)
+    ref_again, _ = _eager_teacher_forced(
+        model, torch.cat([prompts[1][:, :1], prompts[0]], dim=1), feeds[0][:, :1]
+    )
+    assert _rel(again, ref_again) < tol
+    with pytest.raises(TypeError):
+        dec.step(1)
+    with pytest.raises(TypeError):
+        dec.prefill(prompts[0], 0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_batched_rows_step_together_as_each_alone(kind: str) -> None:
+    _check_batched_rows(_tiny(kind), "cpu", FP32_TOL)
+
+
 def test_bounds_are_checked() -> None:
     model = _tiny("llama")
     dec = GraphDecoder(model, max_len=4)
@@ -230,6 +271,12 @@ def test_graph_matches_eager_tiny_cuda() -> None:
     assert _rel(first, ref_first) < 1e-3
     for i in range(4):
         assert _rel(dec.step(int(feed[0, i])), ref_steps[i]) < 1e-3, f"reuse step {i}"
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_batched_graph_matches_eager_tiny_cuda() -> None:
+    _check_batched_rows(_tiny("qwen2").cuda(), "cuda", 1e-3)
 
 
 @pytest.mark.gpu

@@ -48,10 +48,13 @@ def tiny(tokenizer_dir: Path, **over: object) -> TransformersLLM:
     return TransformersLLM(config)
 
 
-def with_graph_slots(llm: TransformersLLM, slots: int = 2, max_len: int = 256) -> TransformersLLM:
-    """A sibling of ``llm`` (same weights) decoding through GraphDecoder slots (eager on the CPU)."""
+def with_graph_slots(
+    llm: TransformersLLM, slots: int = 2, max_len: int = 256, batched: bool = False
+) -> TransformersLLM:
+    """A sibling of ``llm`` (same weights) decoding through GraphDecoder slots (eager on the CPU), the rows
+    of one BatchedDecoder with ``batched``."""
     g = llm.with_options()
-    g.graph_slots = GraphSlots(g.model, max_len=max_len, slots=slots)
+    g.graph_slots = GraphSlots(g.model, max_len=max_len, slots=slots, batched=batched)
     return g
 
 
@@ -114,9 +117,10 @@ async def test_random_shape_streams_a_speakable_bounded_reply(tokenizer_dir: Pat
     assert all(any(ch.isalpha() for ch in c) for c in chunks)
 
 
-async def test_graph_path_matches_the_dynamic_cache_path(tokenizer_dir: Path) -> None:
+@pytest.mark.parametrize("batched", [False, True])
+async def test_graph_path_matches_the_dynamic_cache_path(tokenizer_dir: Path, batched: bool) -> None:
     eager = tiny(tokenizer_dir, max_new_tokens=10)
-    graph = with_graph_slots(eager)
+    graph = with_graph_slots(eager, batched=batched)
     first = chat("Hi Aiko! What are we doing on stream today?")
     cold = "".join(await collect(eager.stream(first)))
     got = "".join(await collect(graph.stream(first, cache_key="a")))
@@ -136,6 +140,55 @@ async def test_graph_path_matches_the_dynamic_cache_path(tokenizer_dir: Path) ->
     again = "".join(await collect(graph.stream(second)))
     assert graph.last_call.prefilled_tokens == 1 and again == cold2
     assert graph.graph_slots is not None and graph.graph_slots.free() == 2
+
+
+async def test_batched_slots_decode_concurrent_replies_together(tokenizer_dir: Path) -> None:
+    """Three conversations at once through one batched cache: each gets what it gets alone on the eager
+    path, and their tokens were stepped together (more rows than steps)."""
+    eager = tiny(tokenizer_dir, max_new_tokens=24, no_repeat_ngram_size=0)
+    eager.stop_ids = []  # full-length replies: they overlap for certain
+    graph = with_graph_slots(eager, slots=3, batched=True)
+    graph.stop_ids = []
+    prompts = [chat("Hi Aiko!"), chat("What game are we playing today, and why that one?"), chat("Sing!")]
+    alone = ["".join(await collect(eager.stream(p))) for p in prompts]
+    together = await asyncio.gather(*(collect(graph.stream(p)) for p in prompts))
+    assert ["".join(t) for t in together] == alone
+    slots = graph.graph_slots
+    assert slots is not None and slots.shared is not None and slots.free() == 3
+    assert slots.shared.rows_stepped == 3 * 23  # every token but the first (from the prefill) stepped
+    assert slots.shared.mean_batch() > 1.0
+
+
+def test_shared_step_waits_for_a_silent_row_only_its_gather_window(tokenizer_dir: Path) -> None:
+    import time
+
+    import torch
+
+    from engine.llm.cuda_graph_decode import BatchedDecoder, GraphDecoder
+    from engine.llm.shared_decode import SharedStep
+
+    llm = tiny(tokenizer_dir)
+    shared = SharedStep(BatchedDecoder(llm.model, max_len=8, rows=2), gather_s=0.2)
+    rows = shared.decoder.rows
+    for r in (0, 1):
+        rows[r].prefill(torch.tensor([5, 6, 7]), 0)
+    alone = GraphDecoder(llm.model, max_len=8)
+    alone.prefill(torch.tensor([5, 6, 7]), 0)
+    shared.step(0, 9)  # row 0 joins, then goes quiet (its consumer behind, say)
+    t0 = time.monotonic()
+    logits = shared.step(1, 9).clone()  # row 1 waits for row 0's token, but only the gather window
+    waited = time.monotonic() - t0
+    assert 0.15 <= waited < 2.0
+    assert torch.allclose(logits, alone.step(9), atol=1e-5)
+    shared.leave(0)  # row 0's reply ended: row 1 steps at once
+    t0 = time.monotonic()
+    shared.step(1, 10)
+    assert time.monotonic() - t0 < 0.15
+    assert shared.steps == 3 and shared.rows_stepped == 3
+    for _ in range(3):
+        shared.step(1, 11)
+    with pytest.raises(RuntimeError, match="full"):
+        shared.step(1, 11)  # 8 positions: 3 prompt + 5 stepped
 
 
 async def test_graph_path_cancels_and_waits_for_a_free_slot(tokenizer_dir: Path) -> None:
