@@ -13,6 +13,14 @@ two threads took 92 ms instead of 29 on the AMX Xeon (docs/PERFORMANCE.md, "one 
 spins at all only while it manages no more threads than there are cores, so llama.cpp runs every call on
 its own compute threads (engine/llm/llama_cpp_backend.py).
 
+**OpenCV converts in the calling thread** (``OPENCV_FOR_THREADS_NUM=1``, set with the above). The sent
+picture's RGBA → I420 conversion (engine/avatar/picture.py) runs in every session's media thread, 30 times a
+second; OpenCV's default pool has a worker per core, and each call wakes them all, which then wait actively
+before they sleep. On the GPU path nothing else set it (the CPU render sets 1 itself), so on the 16-core
+H100 box each engine held 15 such workers, and `native_media` (threads without a Python name started by
+media threads) was the largest share of a session's CPU: 0.19 of ~0.55 cores. A 720p conversion takes
+~0.5 ms in one thread.
+
 **Import order.** Seen here: importing onnxruntime after usearch crashes the process (a segfault inside
 onnxruntime's import); the other order works. Models load in worker threads so the event
 loop stays free; their libraries are imported first, here, before anything imports usearch.

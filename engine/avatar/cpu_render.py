@@ -218,7 +218,7 @@ class CpuRenderer:
     boxes that changed since each buffer's previous frame (see :attr:`damage`)."""
 
     def __init__(self, generator: FrameGenerator, threads: int = 1, kernels: KernelMode = "off") -> None:
-        cv2.setNumThreads(threads)  # process-wide; nothing else here uses OpenCV
+        cv2.setNumThreads(threads)  # process-wide (1 unless asked: engine/native.py, OpenCV)
         self.generator = generator
         self.width, self.height = generator.width, generator.height
         self.static = _u8(generator.static[0])

@@ -44,10 +44,46 @@ def test_a_users_own_wait_policy_is_kept() -> None:
     assert "GOMP_SPINCOUNT = '1000'" not in report  # it would cut the user's ACTIVE spin short
     environ = {"KMP_BLOCKTIME": "200"}
     quiet_thread_pools(environ)
-    assert environ == {"KMP_BLOCKTIME": "200", "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}
-    environ = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "50"}
+    assert environ == {
+        "KMP_BLOCKTIME": "200",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": "1000",
+        "OPENCV_FOR_THREADS_NUM": "1",
+    }
+    environ = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "50", "OPENCV_FOR_THREADS_NUM": "4"}
     quiet_thread_pools(environ)
-    assert environ == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "50", "KMP_BLOCKTIME": "0"}
+    assert environ == {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "GOMP_SPINCOUNT": "50",
+        "KMP_BLOCKTIME": "0",
+        "OPENCV_FOR_THREADS_NUM": "4",
+    }
+
+
+def _opencv_threads(code: str, **env: str) -> int:
+    """``cv2.getNumThreads()`` after ``code``, in a fresh process."""
+    environ = {k: v for k, v in os.environ.items() if k != "OPENCV_FOR_THREADS_NUM"}
+    environ.update(env)
+    run = subprocess.run(
+        [sys.executable, "-c", f"{code}; import cv2; print(cv2.getNumThreads())"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return int(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.unit
+def test_opencv_converts_in_the_calling_thread_once_the_engine_is_imported() -> None:
+    """The sent picture's conversion (engine/avatar/picture.py) wakes no pool of OpenCV's own; a user's
+    setting is kept. Without the engine OpenCV would size its pool by the cores (more than one where the
+    machine has them)."""
+    assert _opencv_threads("import engine.avatar.picture") == 1
+    assert _opencv_threads("import engine.avatar.picture", OPENCV_FOR_THREADS_NUM="2") == 2
+    if (os.cpu_count() or 1) > 1:
+        assert _opencv_threads("pass") > 1
 
 
 def _nice(tid: int) -> int:
