@@ -170,6 +170,15 @@ class CapacityConfig(BaseModel):
         "that refuses its first host serves nobody",
     )
     retry_after_s: int = Field(30, ge=1, le=3600, description="Retry-After of a refused session, seconds")
+    late_frames_per_s: float = Field(
+        0.5,
+        ge=0.0,
+        description="frames the open sessions may drop as late, per second over the last pace_window_s, "
+        "before no further session is admitted (the service itself measured, whatever the estimate says)",
+    )
+    pace_window_s: float = Field(
+        10.0, ge=2.0, le=120.0, description="seconds the late frames are counted over"
+    )
 
 
 class PersonaConfig(BaseModel):

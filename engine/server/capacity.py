@@ -23,6 +23,12 @@ packets and pacing run on it, and Python runs one thread at a time. Its cost per
 thread's CPU the same way (idle floor, then (busy − floor) / sessions), against ``target_utilization`` of
 one core. How late it runs (a probe's oversleep, ``loop_lag``) is reported beside it: a loop that is
 late delays every session's audio at once.
+
+The sessions' video pace is a fourth, measured from the service itself rather than estimated: frames the
+open sessions dropped as late (each track drops a frame one period late instead of queueing it) per second
+over the last ``capacity.pace_window_s``. Above ``capacity.late_frames_per_s`` the engine admits no further
+session, whatever the costs above say: on the 16-core H100 box the CPU estimate saw room for ~25 sessions
+a 4-session engine while its frames were already late (docs/PERFORMANCE.md, "2026-12-06 afternoon").
 """
 
 from __future__ import annotations
@@ -214,6 +220,7 @@ class ResourceView:
     capacity: int
     stages: dict[str, float] = field(default_factory=dict)  # cost of one session per stage (cpu)
     others: float = 0.0  # cores busy with other processes on the machine (taken off what is available)
+    full: str | None = None  # why it is full, where the generic account of a budget does not say it
 
     @property
     def utilization(self) -> float:
@@ -276,6 +283,7 @@ class CapacityMonitor:
         talking: Callable[[], int],
         cpu: ProcCPU | None = None,
         clock: Callable[[], float] = time.monotonic,  # wall time, deliberately: CPU seconds per second
+        late_frames: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.max_sessions = int(settings.server.max_sessions)
@@ -283,6 +291,9 @@ class CapacityMonitor:
         self.prior = prior_costs(settings)
         self._sessions = sessions
         self._talking = talking
+        self._late_frames = late_frames  # frames the open sessions' video tracks dropped as late, in all
+        self._late_last: int | None = None
+        self._late: deque[tuple[float, int]] = deque()  # (t, frames dropped late since the sample before)
         self._cpu = cpu or ProcCPU()
         self._clock = clock
         self._last: tuple[float, dict[str, float]] | None = None
@@ -309,7 +320,15 @@ class CapacityMonitor:
         now, cpu = self._clock(), self._cpu.read()
         n, talking = self._sessions(), self._talking()
         gpu = _gpu_memory()
+        late = self._late_frames() if self._late_frames is not None else None
         with self._lock:
+            if late is not None:
+                # a closing session takes its count with it: a fall is not a negative count
+                if self._late_last is not None:
+                    self._late.append((now, max(0, late - self._late_last)))
+                self._late_last = late
+            while self._late and self._late[0][0] < now - self.config.pace_window_s:
+                self._late.popleft()
             last, self._last = self._last, (now, cpu)
             if last is None or now - last[0] <= 0:
                 return
@@ -424,8 +443,36 @@ class CapacityMonitor:
             "event_loop", "cores", available, 1.0, in_use, baseline, per, measured, len(loaded), cap
         )
 
+    def pace_view(self) -> ResourceView | None:
+        """The open sessions' video pace: frames dropped late per second over the window (None: no video)."""
+        if self._late_frames is None:
+            return None
+        cfg = self.config
+        n = self._sessions()
+        with self._lock:
+            samples = list(self._late)
+        late = sum(k for _, k in samples) / cfg.pace_window_s if samples else 0.0
+        full = late > cfg.late_frames_per_s and n > 0
+        return ResourceView(
+            "video_pace",
+            "late frames/s",
+            cfg.late_frames_per_s,
+            cfg.late_frames_per_s,
+            late,
+            0.0,
+            late / n if n else 0.0,
+            late / n if n and samples else None,
+            len(samples),
+            n if full else self.max_sessions,
+            full=f"the {n} open session(s) dropped {late:.1f} frames/s as late over the last "
+            f"{cfg.pace_window_s:.0f} s (at most {cfg.late_frames_per_s:g} admit another)"
+            if full
+            else None,
+        )
+
     def _views(self) -> list[ResourceView]:
-        return [v for v in (self.cpu_view(), self.gpu_view(), self.loop_view()) if v is not None]
+        views = (self.cpu_view(), self.gpu_view(), self.loop_view(), self.pace_view())
+        return [v for v in views if v is not None]
 
     def report(self) -> dict[str, Any]:
         """What ``/api/capacity`` answers."""
@@ -455,6 +502,8 @@ class CapacityMonitor:
             return None
         for view in self._views():
             if open_sessions + 1 > view.capacity:
+                if view.full is not None:
+                    return Refusal(view.name, f"no room for another session: {view.full}", retry)
                 return Refusal(
                     view.name,
                     f"no room for another session: {view.name} is full ({open_sessions} session(s) open; "

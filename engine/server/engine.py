@@ -103,7 +103,8 @@ class Engine:
             settings.capacity,
             settings,
             sessions=lambda: len(self.sessions),
-            talking=lambda: sum(1 for s in self.sessions.values() if s.speaking()),
+            talking=lambda: sum(1 for s in list(self.sessions.values()) if s.speaking()),
+            late_frames=self._late_frames if settings.avatar.enabled else None,
         )
         Gauge("idolcast_sessions_active", "Open sessions", registry=self.registry).set_function(
             lambda: len(self.sessions)
@@ -144,6 +145,10 @@ class Engine:
             self.render_pool = RenderPool(renderer_factory(settings.avatar))
 
     # ---- loading -----------------------------------------------------------------------------
+
+    def _late_frames(self) -> int:
+        """Frames the open sessions dropped as late, in all (read from the capacity sampler's thread)."""
+        return sum(s.late_frames() for s in list(self.sessions.values()))
 
     def _progress(self, stage: str, message: str, fraction: float | None = None) -> None:
         self.status.stage, self.status.message, self.status.fraction = stage, message, fraction

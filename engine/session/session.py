@@ -131,6 +131,11 @@ class Session:
         if asyncio.iscoroutine(result):
             await result
 
+    def late_frames(self) -> int:
+        """Video frames this session dropped as late so far (0 without a paced video track)."""
+        v = self.video_track
+        return v.dropped if isinstance(v, IdolVideoTrack) else 0
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -148,6 +148,47 @@ def test_a_busy_event_loop_bounds_the_sessions_whatever_the_cores() -> None:
 
 
 @pytest.mark.unit
+def test_frames_dropped_late_stop_admission_whatever_the_estimate() -> None:
+    """The service itself measured: the open sessions' late frames over the window, against the bound."""
+    sessions, talking, late = [4], [4], [0]
+    cpu, now = ScriptedCPU(), [0.0]
+    config = CapacityConfig(cores=64.0, late_frames_per_s=0.5, pace_window_s=10.0)
+    m = CapacityMonitor(
+        config, _settings(), lambda: sessions[0], lambda: talking[0], cpu, lambda: now[0], lambda: late[0]
+    )
+    m.max_sessions = 64
+
+    def seconds(k: int, late_a_second: int) -> None:
+        for _ in range(k):
+            now[0] += 1.0
+            late[0] += late_a_second
+            m.sample()
+
+    m.sample()
+    seconds(10, 0)
+    pace = m.pace_view()
+    assert pace is not None and pace.in_use == 0.0 and pace.capacity == 64 and m.refusal(4) is None
+    seconds(5, 3)  # 15 frames late in the last 10 s: 1.5 a second
+    pace = m.pace_view()
+    assert pace is not None and pace.in_use == pytest.approx(1.5) and pace.capacity == 4
+    assert m.report()["bounded_by"] == "video_pace" and m.report()["capacity"] == 4
+    assert m.cpu_view().capacity > 4  # the CPU estimate alone would admit more
+    r = m.refusal(4)
+    assert r is not None and r.resource == "video_pace"
+    assert "dropped 1.5 frames/s as late over the last 10 s" in r.message
+    assert m.refusal(3) is None  # one of them closed: room for one again
+    sessions[0], late[0] = 3, late[0] - 9  # a closing session takes its count with it: not a negative count
+    seconds(1, 0)
+    pace = m.pace_view()
+    assert pace is not None and pace.in_use == pytest.approx(1.5)
+    seconds(10, 0)  # on time again: the late ones have left the window
+    pace = m.pace_view()
+    assert pace is not None and pace.in_use == 0.0 and m.refusal(3) is None
+    without_video = CapacityMonitor(config, _settings(), lambda: 4, lambda: 4)
+    assert without_video.pace_view() is None and "video_pace" not in without_video.report()["resources"]
+
+
+@pytest.mark.unit
 def test_loop_lag_is_summarized_over_its_window() -> None:
     lag = LoopLag(window_s=10.0)
     assert lag.summary_ms() == {"p50": None, "p90": None, "max": None}

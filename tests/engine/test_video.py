@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine.bench.peer import LOUD_RMS
+from engine.bench.sessions import engine_capacity
 from engine.bench.voice import video_report
 from engine.config import Settings
 from engine.models import EngineModels
@@ -68,3 +69,10 @@ async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_serv
         offset = report["lipsync_offset_ms"]
         if offset["n"]:  # the bench holds the real target; here only a sanity bound
             assert abs(offset["mean"]) < 200
+        # the sessions' video pace is one of the engine's resources, read from the live tracks
+        (session,) = video_server.engine.sessions.values()
+        assert session.late_frames() == session.video_track.dropped  # type: ignore[union-attr]
+        capacity = await engine_capacity(video_server.url, video_server.token)
+        assert capacity is not None
+        pace = capacity["resources"]["video_pace"]
+        assert pace["unit"] == "late frames/s" and pace["in_use"] >= 0.0 and pace["samples"] > 0
