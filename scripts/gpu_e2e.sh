@@ -19,7 +19,7 @@
 # runs on the GPU when the parts brought onnxruntime-gpu and its first chunk is quicker there (timed first; TTS_CPU=1 / TTS_GPU=1 choose).
 #
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
-# and the stage benches (engine/bench/gpu_stages.py, gpu_llm_together.py, scripts/opencv_pool.py). `bench` runs `idolcast bench` with the whole pipeline:
+# and the stage benches (engine/bench/gpu_stages.py, gpu_llm_together.py, scripts/render_beside_load.py, scripts/opencv_pool.py). `bench` runs `idolcast bench` with the whole pipeline:
 # engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
 # (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p, then times the voice's
 # first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
@@ -103,12 +103,14 @@ install)
     ;;
 checks)
     info
-    python3 -m pytest -q -p no:cacheprovider tests/gpu tests/llm/test_random_and_graph_path.py -rs 2>&1 \
+    python3 -m pytest -q -p no:cacheprovider tests/gpu tests/llm/test_random_and_graph_path.py tests/avatar/test_backends.py -rs 2>&1 \
         | tee "$OUT/tests.txt" | tail -25
     python3 -m engine.bench.gpu_stages --llm --asr --tokenizer "$TOKENIZER" --out "$OUT/stages.json" 2>&1 \
         | tee "$OUT/stages.txt" | grep -v sample_
     # replies decoded at once: each slot alone against the shared step (llm.cuda_graph_batched)
     python3 -m engine.bench.gpu_llm_together --shape 1.5B --replies 1,2,4,8 --out "$OUT/llm-together.json" 2>&1 | tail -10
+    # a frame's GPU round trip beside other GPU work of the process: the default stream against its own
+    python3 scripts/render_beside_load.py --batch 4 --seconds 5 --out "$OUT/render-beside-load.json" 2>&1 | tail -25
     # what OpenCV's own pool costs the sent picture's conversion on this host's cores
     python3 scripts/opencv_pool.py --sessions 4 --seconds 3 --threads -1 1
     ;;
@@ -182,6 +184,7 @@ e = r.get("engine_capacity") or {}
 for e in r.get("engine_capacities") or [e]:
     e = e or {}
     print("engine at the peak:", e.get("capacity"), e.get("bounded_by"), "loop lag", e.get("event_loop_lag_ms"),
+          "render", e.get("render"),
           {k: (v.get("in_use"), v.get("per_session")) for k, v in (e.get("resources") or {}).items()})
 EOF
         exit 0
@@ -231,7 +234,10 @@ engines = r.get("engine_capacities") or []
 lag = [e["event_loop_lag_ms"]["p50"] for e in engines]
 stages = [e["resources"]["cpu"].get("per_session_stages", {}) for e in engines]
 native = {k: round(sum(s.get(k, 0.0) for s in stages) / max(1, len(stages)), 3) for k in ("native", "native_models", "native_media", "encode", "tts", "render", "loop")}
+render = [(e.get("render") or {}) for e in engines]
+batching = [(r.get("frames_per_batch"), (r.get("render_ms") or {}).get("p95")) for r in render]
 print(f"round {sys.argv[2]} {sys.argv[3]}: v2v {p['voice_to_voice_ms'].get('p50')} / {p['voice_to_voice_ms'].get('p95')}",
+      f"render frames a batch, p95 ms {batching}",
       f"unanswered {p['unanswered']} fps {p['fps_mean']} low {p['fps_min_1s']} (media {p.get('fps_min_1s_media')})",
       f"loop lag p50 {lag} per-session cores {native} box {h.get('busy_cores')} busy, system {h.get('system')} steal {h.get('steal')}")
 EOF_AB

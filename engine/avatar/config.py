@@ -30,3 +30,20 @@ class AvatarConfig(BaseModel):
         "WHEP tap without this; needed for ?own=1 and for other players that recombine it)",
     )
     background: str = Field("#00000000", description="RGBA hex background when not packing alpha")
+    catch_up_ms: float = Field(
+        67.0,
+        ge=0,
+        le=500,
+        description="a frame asked for up to this late (a stalled encode or event loop) is still sent at its own "
+        "timestamp and the next ones follow at once, which the viewer's jitter buffer hides; later than this "
+        "the late frames are dropped (never less than one frame period: 33 ms, the behaviour before)",
+    )
+    render_gather_ms: float = Field(
+        8.0,
+        ge=0,
+        le=20,
+        description="the sessions of an engine render their frames together: every session's frames fall on one "
+        "30 fps grid, and the render waits up to this long for each session's request of the next frame, so a "
+        "GPU makes one batched round trip a frame period for all of them instead of one each (frames are "
+        "rendered a frame ahead, so the wait is not seen); 0 = only requests made in the same loop tick",
+    )

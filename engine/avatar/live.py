@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from av import VideoFrame
@@ -72,16 +77,83 @@ class _Job:
     finish: Finish  # runs in the render thread on the rendered RGBA frame
     done: asyncio.Future[VideoFrame]
     result: VideoFrame | None = None
+    error: BaseException | None = None  # its own pose or finish failed (the others of its batch go on)
+
+
+@dataclass
+class _Batch:
+    jobs: list[_Job] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+
+# A session that has not asked for a frame in this many batches of its profile is no longer waited for
+# (its track stopped, or it changed profile): 1 s of frames.
+FORGET_AFTER_BATCHES = FPS
+STATS_WINDOW = 300  # the render statistics cover the last this many batches
+
+
+class RenderStats:
+    """How the render thread spends its frames: rows a batch, the backend's call, the whole batch (ms)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.frames = 0
+        self._recent: deque[tuple[int, float, float]] = deque(maxlen=STATS_WINDOW)
+        self._lock = threading.Lock()
+
+    def add(self, rows: int, render_s: float, batch_s: float) -> None:
+        with self._lock:
+            self.batches += 1
+            self.frames += rows
+            self._recent.append((rows, render_s, batch_s))
+
+    def summary(self) -> dict[str, Any]:
+        """What ``/api/capacity`` reports under ``render``."""
+        with self._lock:
+            recent = list(self._recent)
+            batches, frames = self.batches, self.frames
+        out: dict[str, Any] = {"batches": batches, "frames": frames}
+        if recent:
+            rows = np.array([r[0] for r in recent], dtype=np.float64)
+            render_ms = np.array([r[1] for r in recent]) * 1000.0
+            batch_ms = np.array([r[2] for r in recent]) * 1000.0
+            out["frames_per_batch"] = round(float(rows.mean()), 2)
+            out["render_ms"] = {
+                q: round(float(np.percentile(render_ms, p)), 2) for q, p in (("p50", 50), ("p95", 95))
+            }
+            out["batch_ms"] = {
+                q: round(float(np.percentile(batch_ms, p)), 2) for q, p in (("p50", 50), ("p95", 95))
+            }
+        return out
 
 
 class RenderPool:
-    def __init__(self, factory: RendererFactory) -> None:
+    """The engine's renderer: one render thread, one backend per profile, the sessions' frames batched.
+
+    A frame's request joins the batch of its profile; the batch goes to the render thread when every
+    session that has been asking for frames of that profile has asked (the sessions' frames share one
+    grid, see engine/transport/video_out.py), or ``gather_s`` after its first request, whichever is first.
+    With ``gather_s = 0`` only the requests made in the same loop tick share a batch.
+    """
+
+    def __init__(self, factory: RendererFactory, gather_s: float = 0.0) -> None:
         self._factory = factory
+        self.gather_s = max(0.0, gather_s)
         self._backends: dict[str, FrameBackend] = {}
-        self._pending: dict[str, list[_Job]] = {}
+        self._pending: dict[str, _Batch] = {}
+        # who asked for frames of a profile, and in which of its batches they asked last
+        self._askers: dict[str, weakref.WeakKeyDictionary[object, int]] = {}
+        self._flushed: dict[str, int] = {}
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="render")
-        self.batches = 0
-        self.frames = 0
+        self.stats = RenderStats()
+
+    @property
+    def batches(self) -> int:
+        return self.stats.batches
+
+    @property
+    def frames(self) -> int:
+        return self.stats.frames
 
     def backend(self, profile: str, progress: Progress | None = None) -> FrameBackend:
         """The backend for ``profile`` (built on first use; blocking: call from the render thread)."""
@@ -94,21 +166,54 @@ class RenderPool:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self.backend, profile, progress)
 
-    async def render(self, profile: str, pose: Pose, finish: Finish) -> VideoFrame:
-        """Pose, render and ``finish`` the frame into a video frame, all off the loop.
-        Requests from all sessions made in the same loop tick share one batched call."""
+    async def render(
+        self, profile: str, pose: Pose, finish: Finish, asker: object | None = None
+    ) -> VideoFrame:
+        """Pose, render and ``finish`` the frame into a video frame, all off the loop. ``asker`` (the
+        session's video source) is counted among those whose requests a batch waits for."""
         loop = asyncio.get_running_loop()
         job = _Job(pose, finish, loop.create_future())
-        batch = self._pending.setdefault(profile, [])
-        batch.append(job)
-        if len(batch) == 1:
-            loop.call_soon(self._flush, profile)
+        batch = self._pending.get(profile)
+        if batch is None:
+            batch = self._pending[profile] = _Batch()
+            if self.gather_s > 0:
+                batch.timer = loop.call_later(self.gather_s, self._flush, profile, batch)
+            else:
+                loop.call_soon(self._flush, profile, batch)
+        batch.jobs.append(job)
+        if asker is not None:
+            self._askers.setdefault(profile, weakref.WeakKeyDictionary())[asker] = self._flushed.get(
+                profile, 0
+            )
+        if self.gather_s > 0 and len(batch.jobs) >= self._expected(profile):
+            if batch.timer is not None:
+                batch.timer.cancel()
+            batch.timer = None
+            loop.call_soon(self._flush, profile, batch)
         return await job.done
 
-    def _flush(self, profile: str) -> None:
-        jobs = self._pending.pop(profile, [])
-        if not jobs:
-            return
+    def waiting_for(self, profile: str) -> int:
+        """How many sessions' requests a batch of ``profile`` waits for (those asking lately)."""
+        return self._expected(profile)
+
+    def _expected(self, profile: str) -> int:
+        """How many requests a batch of ``profile`` waits for: the sessions asking lately."""
+        askers = self._askers.get(profile)
+        if not askers:
+            return 1
+        oldest = self._flushed.get(profile, 0) - FORGET_AFTER_BATCHES
+        for gone in [a for a, last in askers.items() if last < oldest]:
+            del askers[gone]
+        return max(1, len(askers))
+
+    def _flush(self, profile: str, batch: _Batch) -> None:
+        if self._pending.get(profile) is not batch:
+            return  # flushed already (all asked before the timer)
+        del self._pending[profile]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        self._flushed[profile] = self._flushed.get(profile, 0) + 1
+        jobs = batch.jobs
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._thread, self._render_batch, profile, jobs)
 
@@ -119,22 +224,45 @@ class RenderPool:
                     continue
                 if exc is not None:
                     job.done.set_exception(exc)
+                elif job.error is not None:
+                    job.done.set_exception(job.error)
                 elif job.result is not None:
                     job.done.set_result(job.result)
 
         fut.add_done_callback(finished)
 
     def _render_batch(self, profile: str, jobs: list[_Job]) -> None:
+        """One backend call for the batch. A session's own pose or finish failing fails only its frame;
+        the backend failing fails them all (they shared the call)."""
+        began = time.perf_counter()
         backend = self.backend(profile)
-        frames = backend.render(np.stack([j.pose() for j in jobs]))
+        posed: list[_Job] = []
+        params: list[np.ndarray] = []
+        for job in jobs:
+            try:
+                params.append(job.pose())
+            except Exception as e:  # noqa: BLE001 - handed to that session's frame
+                job.error = e
+            else:
+                posed.append(job)
+        if not posed:
+            return
+        rendering = time.perf_counter()
+        frames = backend.render(np.stack(params))
+        rendered = time.perf_counter()
         region = changing_region(backend)
         damage: list[Damage] | None = getattr(backend, "damage", None)
-        for i, job in enumerate(jobs):
-            job.result = job.finish(frames[i], region, damage[i] if damage else None)
-        self.batches += 1
-        self.frames += len(jobs)
+        for i, job in enumerate(posed):
+            try:
+                job.result = job.finish(frames[i], region, damage[i] if damage else None)
+            except Exception as e:  # noqa: BLE001 - handed to that session's frame
+                job.error = e
+        self.stats.add(len(posed), rendered - rendering, time.perf_counter() - began)
 
     def close(self) -> None:
+        for batch in self._pending.values():
+            if batch.timer is not None:
+                batch.timer.cancel()
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
@@ -216,6 +344,6 @@ class SessionVideo:
         def pose() -> np.ndarray:  # in the render thread: the animator reads one snapshot of its state
             return animator.params_at(t, compensation_s=compensation())
 
-        frame = await self.pool.render(self.profile, pose, finish)
+        frame = await self.pool.render(self.profile, pose, finish, asker=self)
         self.extras = extras
         return frame

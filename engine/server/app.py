@@ -152,8 +152,13 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def capacity(request: web.Request) -> web.Response:
-    """Sessions, the estimated capacity and the resource that bounds it (engine/server/capacity.py)."""
-    return web.json_response(_engine(request).capacity.report())
+    """Sessions, the estimated capacity and the resource that bounds it (engine/server/capacity.py); with
+    video, how the render thread spends its batches (engine/avatar/live.py)."""
+    engine = _engine(request)
+    report = engine.capacity.report()
+    if engine.render_pool is not None:
+        report["render"] = engine.render_pool.stats.summary()
+    return web.json_response(report)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -142,7 +142,9 @@ class Engine:
         if settings.avatar.enabled:
             if models is not None:  # handed loaded models: ready now ('auto' measures here, once a process)
                 self._resolve_profile()
-            self.render_pool = RenderPool(renderer_factory(settings.avatar))
+            self.render_pool = RenderPool(
+                renderer_factory(settings.avatar), gather_s=settings.avatar.render_gather_ms / 1000.0
+            )
 
     # ---- loading -----------------------------------------------------------------------------
 

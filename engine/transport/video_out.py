@@ -6,8 +6,16 @@ the event loop, one frame ahead: when frame ``i`` is handed over, frame ``i + 1`
 render starts, so it renders while aiortc encodes and sends frame ``i`` and is ready
 when aiortc asks for it (the first frame starts ``render_ahead_s`` before it is due).
 Each frame thus waits on the loop twice (its due time, its encode) instead of four
-times, which is what a busy loop's lag multiplies. A frame that would go out more than
-one frame period late is dropped (the index jumps to the present), never queued.
+times, which is what a busy loop's lag multiplies. A frame asked for up to ``catch_up_s``
+after its time (a stalled encode or loop) is still sent, at its own pts, and the ones after it
+follow at once until the track is on time again: the viewer's jitter buffer plays them on their
+timestamps, where a dropped frame is a visible hole. Later than that the frames in between are
+dropped (the index jumps to the present), never queued.
+
+Every session's frames fall on one grid: frame ``i`` is due at a whole number of frame periods of
+``time.monotonic()`` (the session clock's origin says where that is on the session's own clock), so the
+sessions of an engine ask for their frames at about the same moments and the render pool
+(``engine/avatar/live.py``) renders them in one batched call instead of one call each.
 
 The track also measures how long aiortc takes between handing it a frame and asking
 for the next (encode + packetize + send) — with the audio track's own figure this
@@ -36,6 +44,16 @@ VIDEO_CLOCK = 90000
 FAILURE_LOG_S = 5.0  # a render that keeps failing is logged at most this often
 
 
+def on_grid(clock: Clock, fps: int) -> float:
+    """The session time of the first frame: now, moved on to the process-wide grid of frame periods when the
+    clock says where its zero is on ``time.monotonic()`` (a ``MediaClock``; a scripted clock: now)."""
+    now = clock.now()
+    origin = getattr(clock, "origin", None)
+    if origin is None:
+        return now
+    return math.ceil((origin + now) * fps - 1e-6) / fps - origin
+
+
 class FrameSource(Protocol):
     """Renders the session's idol for a presentation time (off the event loop)."""
 
@@ -50,11 +68,14 @@ class IdolVideoTrack(TappedTrack):
     kind = "video"
     copy_off_loop = True
 
-    def __init__(self, clock: Clock, source: FrameSource, render_ahead_s: float = 0.02) -> None:
+    def __init__(
+        self, clock: Clock, source: FrameSource, render_ahead_s: float = 0.02, catch_up_s: float = 2 / 30
+    ) -> None:
         super().__init__(clock)
         encoders.install()  # this track's encoder (and every other session's) shares the cores by one policy
         self.source = source
         self.render_ahead_s = render_ahead_s
+        self.catch_up_s = catch_up_s  # at least one frame period (see produce)
         self._t0: float | None = None
         self._index = 0
         self.dropped = 0
@@ -89,10 +110,10 @@ class IdolVideoTrack(TappedTrack):
         self.send_delay.next_requested(self.clock.now())
         fps = self.fps
         if self._t0 is None:
-            self._t0 = self.clock.now()
+            self._t0 = on_grid(self.clock, fps)
         t = self._t0 + self._index / fps
         now = self.clock.now()
-        if now > t + 1.0 / fps:  # behind: drop the frames we can no longer send on time
+        if now > t + max(self.catch_up_s, 1.0 / fps):  # too far behind: drop to the present
             skip = math.floor((now - self._t0) * fps) - self._index + 1
             self.dropped += skip
             self._index += skip

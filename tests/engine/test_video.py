@@ -76,3 +76,28 @@ async def test_video_frames_arrive_and_the_mouth_moves_with_the_reply(video_serv
         assert capacity is not None
         pace = capacity["resources"]["video_pace"]
         assert pace["unit"] == "late frames/s" and pace["in_use"] >= 0.0 and pace["samples"] > 0
+        render = capacity["render"]
+        assert render["frames"] >= len(v.arrivals) and render["render_ms"]["p50"] > 0
+
+
+async def test_two_sessions_frames_are_rendered_together(video_server: LiveServer) -> None:
+    """Both sessions' frames fall on one grid, so the render pool batches them: about one call of the
+    backend a frame period for both, each session still getting its frames."""
+    async with (
+        connected(video_server, with_video=True) as first,
+        connected(video_server, with_video=True) as second,
+    ):
+        for _ in range(400):
+            if len(first.video.arrivals) >= 60 and len(second.video.arrivals) >= 60:
+                break
+            await asyncio.sleep(0.05)
+        assert len(first.video.arrivals) >= 60 and len(second.video.arrivals) >= 60
+        pool = video_server.engine.render_pool
+        assert pool is not None and pool.waiting_for("360p") == 2
+        batches, frames, seen = pool.batches, pool.frames, len(first.video.arrivals)
+        await asyncio.sleep(2.0)
+        assert len(first.video.arrivals) > seen, "frames keep coming"
+        per_batch = (pool.frames - frames) / max(1, pool.batches - batches)
+        assert per_batch > 1.6, per_batch
+        capacity = await engine_capacity(video_server.url, video_server.token)
+        assert capacity is not None and capacity["render"]["frames"] == pool.frames

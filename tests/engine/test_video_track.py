@@ -97,13 +97,37 @@ async def test_behind_it_drops_the_late_frames_and_the_render_started_for_them()
     track = IdolVideoTrack(clock, source)
     first = await _pull(track, clock, 0.0)
     assert _index(first) == 0
-    # aiortc comes back 100 ms later (a stalled encode): frames 1 to 3 are gone, frame 4 is sent, rendered anew
-    late = await _pull(track, clock, 0.1 + 1e-6)
+    # aiortc comes back 120 ms later (a stalled encode, past the 67 ms it catches up): frames 1 to 3 are
+    # gone, frame 4 is sent, rendered anew
+    late = await _pull(track, clock, 0.12)
     assert _index(late) == 4 and late.pts == round(4 / FPS * VIDEO_CLOCK)
     assert track.dropped == 3
     assert [round(t * FPS) for t, _ in source.started] == [0, 1, 4, 5]
     assert source.most_busy == 1
     track.stop()
+
+
+async def test_a_frame_a_little_late_is_still_sent_and_the_next_follow_at_once() -> None:
+    clock = ScriptedClock(0.0)
+    source = RecordingSource(clock)
+    track = IdolVideoTrack(clock, source, catch_up_s=2 / FPS)
+    await _pull(track, clock, 0.0)
+    # aiortc comes back 90 ms later (frame 1 was due at 33 ms: 57 ms late, under the 67 it catches up)
+    late = await _pull(track, clock, 0.09)
+    assert _index(late) == 1 and late.pts == round(1 / FPS * VIDEO_CLOCK)
+    # frame 2 (due at 67 ms) is already due: it goes out now, without waiting
+    asked = clock.now()
+    following = await _pull(track, clock, asked)
+    assert _index(following) == 2 and clock.now() == pytest.approx(asked, abs=0.002)
+    assert track.dropped == 0 and track.sent == 3
+    # with one frame period (the behaviour before) the same stall drops frame 1 and 2
+    strict = IdolVideoTrack(clock, source, catch_up_s=0.0)
+    await _pull(strict, clock, clock.now())
+    start = clock.now()
+    jumped = await _pull(strict, clock, start + 1 / FPS + 0.057)
+    assert strict.dropped == 2 and _index(jumped) == round((start + 3 / FPS) * FPS)
+    track.stop()
+    strict.stop()
 
 
 async def test_a_failed_render_sends_the_last_frame_again_and_a_stopped_track_leaves_no_render_behind() -> (

@@ -81,6 +81,11 @@ class CudaGraphBackend:
         self.max_batch = max(1, max_batch)
         self._graphs = {b: _Captured(self.generator, b, self.device) for b in buckets(self.max_batch)}
         self.ring = 2
+        # The frames' own stream, at the highest priority: a frame waits neither behind the LLM's and the
+        # ASR's work queued in this process (the default stream) nor for it to finish, only for its own
+        # replay and copy; the scheduler gives its blocks the SMs first as they free up.
+        highest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # a static method at run time
+        self.stream = torch.cuda.Stream(self.device, priority=highest)
 
     def captured(self, batch: int) -> _Captured:
         """The graph of the smallest bucket holding ``batch`` rows (1 ≤ batch ≤ max_batch)."""
@@ -88,13 +93,15 @@ class CudaGraphBackend:
 
     def render_tensor(self, params: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Frames left on the device: uint8 ``[B, H, W, 4]`` for ``B ≤ max_batch`` rows (a view of the
-        bucket's output, overwritten by the next replay)."""
+        bucket's output, overwritten by the next replay), written on :attr:`stream`: another stream that
+        reads them waits for it first (``other.wait_stream(backend.stream)``)."""
         p = torch.as_tensor(params, dtype=torch.float32).reshape(-1, NUM_PARAMS)
         if p.shape[0] > self.max_batch:
             raise ValueError(f"{p.shape[0]} rows in one replay; at most {self.max_batch} (use render)")
         cap = self.captured(p.shape[0])
-        cap.params[: p.shape[0]].copy_(p, non_blocking=True)
-        cap.graph.replay()
+        with torch.cuda.stream(self.stream):
+            cap.params[: p.shape[0]].copy_(p, non_blocking=True)
+            cap.graph.replay()
         return cap.frames[: p.shape[0]]
 
     def render(self, params: np.ndarray) -> np.ndarray:
@@ -108,7 +115,8 @@ class CudaGraphBackend:
         cap = self.captured(rows.shape[0])
         host = cap.host[cap.turn][: rows.shape[0]]
         cap.turn = (cap.turn + 1) % len(cap.host)
-        host.copy_(frames, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
+        with torch.cuda.stream(self.stream):
+            host.copy_(frames, non_blocking=True)
+        self.stream.synchronize()
         out: Any = host.numpy()
         return out
