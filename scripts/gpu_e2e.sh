@@ -26,7 +26,7 @@
 # 400 ms; a question's 200 ms); PAUSE_MS the pause that starts the speculative decode (64 ms here; the
 # engine's default, 96 ms, suits a CPU); TURNS and BARGE the bench's questions and barge-in rounds; any other
 # IDOLCAST_* variable set by the caller is passed on. Many sessions (issue 13): SESSIONS=N runs
-# `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (STAGGER_S the
+# `idolcast bench --sessions N`, FIND_CAPACITY=MAX runs `--find-capacity --max-probe MAX` (PROBE=1,8,16 tries those counts instead; STAGGER_S the
 # seconds between the hosts' first questions, SL_P95_FACTOR / SL_MIN_FPS the service level, CLIENT_PROCS the
 # worker processes the bench's clients are spread over, 0 = one per two clients; ENGINES the engine processes
 # the sessions are spread over, replicas sharing the GPU, each sizing its pools for the whole box unless
@@ -153,7 +153,7 @@ bench)
     export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
     if [ -n "${FIND_CAPACITY:-}" ] || [ "${SESSIONS:-1}" -gt 1 ]; then
-        if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY");
+        if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY" ${PROBE:+--probe "$PROBE"});
         else MANY=(--sessions "$SESSIONS"); fi
         # 20 s before the limit, the engine dumps every thread's and task's stack (engine/server/diagnostics.py)
         ( sleep $(( ${BENCH_TIMEOUT:-540} - 20 )); pkill -USR1 -f "engine.cli serve"

@@ -59,6 +59,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-probe", type=int, default=8, help="--find-capacity: the most sessions tried")
     p.add_argument(
+        "--probe",
+        default=None,
+        help="--find-capacity: the session counts tried, in order, comma-separated (e.g. 1,8,12,16,20,24; the "
+        "first sets the P95 bound, so 1 comes first); default every N from 1 to --max-probe",
+    )
+    p.add_argument(
         "--client-procs",
         type=int,
         default=0,
@@ -322,10 +328,24 @@ async def _voice(
         )
 
 
+def probe_counts(probe: str | None, max_probe: int) -> list[int]:
+    """The session counts ``--find-capacity`` tries, in order: ``--probe``'s, or 1 to ``--max-probe``."""
+    if not probe:
+        return list(range(1, max(1, max_probe) + 1))
+    try:
+        counts = [int(x) for x in probe.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--probe {probe!r}: expected session counts such as 1,8,16") from None
+    if not counts or any(n < 1 for n in counts) or counts != sorted(set(counts)):
+        raise SystemExit(f"--probe {probe!r}: expected rising session counts of at least 1, such as 1,8,16")
+    return counts
+
+
 async def _many(args: argparse.Namespace, settings: Settings, questions: list[Any]) -> dict[str, Any]:
     from engine.bench.sessions import ServiceLevel, find_capacity, run_sessions
 
-    top = args.max_probe if args.find_capacity else args.sessions
+    probes = probe_counts(args.probe, args.max_probe) if args.find_capacity else None
+    top = max(probes) if probes else args.sessions
     kwargs: dict[str, Any] = {
         "character": settings.avatar.character,
         "client_jitter_frames": args.client_jitter_frames,
@@ -341,7 +361,7 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
         for u in urls:
             wait_ready(u)
         if args.find_capacity:
-            return await find_capacity(urls, questions, level, max_sessions=top, with_video=video, **kwargs)
+            return await find_capacity(urls, questions, level, probes=probes, with_video=video, **kwargs)
         return await run_sessions(urls, questions, args.sessions, **kwargs)
     # The bench's own engines: room for every probed session, and their admission off, so what is measured
     # is what the machine holds (each one's own estimate is read from /api/capacity and reported beside it).
@@ -354,7 +374,7 @@ async def _many(args: argparse.Namespace, settings: Settings, questions: list[An
             lambda: engine_processes(args, engines),
             questions,
             level,
-            max_sessions=top,
+            probes=probes,
             with_video=video,
             **kwargs,
         )

@@ -370,10 +370,13 @@ async def find_capacity(
     level: ServiceLevel,
     *,
     max_sessions: int = 8,
+    probes: Sequence[int] | None = None,
     with_video: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Raise N from 1 until ``level`` breaks; the report carries the largest N that held.
+    """Raise N from 1 until ``level`` breaks; the report carries the largest N that held. ``probes``: the
+    counts tried, in order, instead of every N from 1 to ``max_sessions`` (the first sets the P95 bound when
+    ``level`` has none: 1, as a rule).
 
     ``url``: running engines, or a factory of fresh ones (a context manager giving their URLs), entered
     for every step: each N then starts from the same state (the memory bank grows with every turn the
@@ -382,7 +385,8 @@ async def find_capacity(
     steps: list[dict[str, Any]] = []
     held: dict[str, Any] | None = None
     broke: list[str] = []
-    for n in range(1, max_sessions + 1):
+    counts = list(probes) if probes else list(range(1, max_sessions + 1))
+    for i, n in enumerate(counts):
         if isinstance(url, (str, list)):
             report = await run_sessions(url, questions, n, **kwargs)
         else:
@@ -391,7 +395,7 @@ async def find_capacity(
                 step_url = await asyncio.to_thread(stack.enter_context, url())
                 report = await run_sessions(step_url, questions, n, **kwargs)
         pooled = report["pooled"]
-        if n == 1 and level.v2v_p95_ms is None and pooled["voice_to_voice_ms"]["p95"] is not None:
+        if i == 0 and level.v2v_p95_ms is None and pooled["voice_to_voice_ms"]["p95"] is not None:
             level.v2v_p95_ms = round(level.p95_factor * pooled["voice_to_voice_ms"]["p95"], 1)
         broken = level.check(pooled, with_video)
         steps.append(
@@ -419,6 +423,7 @@ async def find_capacity(
         "capacity": {
             "largest_n_held": largest,
             "probed_up_to": steps[-1]["sessions"],
+            "probed": [step["sessions"] for step in steps],
             "broken_at_next": broke,  # empty: it held up to --max-probe
             "service_level": asdict(level) | {"video_checked": with_video},
             "steps": steps,

@@ -152,3 +152,13 @@ def test_video_that_stops_counts_as_no_frames_until_the_end_of_the_run() -> None
     died = frame_rate(steady, until=20.0)  # the replies went on 12 s after the last frame
     assert died["fps_min_1s"] == 0
     assert died["fps_mean"] < 15
+
+
+def test_find_capacity_probes_the_counts_asked_for_in_order() -> None:
+    from engine.bench.cli import probe_counts
+
+    assert probe_counts(None, 4) == [1, 2, 3, 4]
+    assert probe_counts("1,8,12,16", 4) == [1, 8, 12, 16]
+    for bad in ("8,1", "1,1,2", "0,4", "1,x"):
+        with pytest.raises(SystemExit, match="--probe"):
+            probe_counts(bad, 8)
