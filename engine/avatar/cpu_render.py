@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import cv2
@@ -230,6 +231,8 @@ class CpuRenderer:
         self._slots: dict[int, list[_Slot]] = {}
         self._ids = itertools.count()
         self._buffer_ids: dict[tuple[int, int], int] = {}
+        # a slot of its own for each caller's key (a session): see render_keyed
+        self._keyed: weakref.WeakKeyDictionary[object, tuple[_Slot, int]] = weakref.WeakKeyDictionary()
         self.damage: list[Damage] = []
 
     def compile_features(self, progress: Progress | None = None) -> int:
@@ -255,11 +258,37 @@ class CpuRenderer:
                 self._buffer_ids[(batch, i)] = next(self._ids)
         return self._slots[batch]
 
-    @torch.inference_mode()
+    def _slot_for_key(self, key: object) -> tuple[_Slot, int]:
+        slot = self._keyed.get(key)
+        if slot is None:
+            frame = self.static.copy()
+            slot = self._keyed[key] = (
+                _Slot(frame, [_GroupState(g.canvas, patch_keys=[None] * len(g.inputs)) for g in self.groups]),
+                next(self._ids),
+            )
+        return slot
+
     def render(self, params: np.ndarray) -> np.ndarray:
         params = np.ascontiguousarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS)
         b = params.shape[0]
         slots = self._slots_for(b)
+        self._render_slots(params, [(slot, self._buffer_ids[(b, i)]) for i, slot in enumerate(slots)])
+        return self._buffers[b]
+
+    def render_keyed(self, params: np.ndarray, keys: list[object]) -> list[np.ndarray]:
+        """Row ``i`` into the slot of ``keys[i]`` (weakly held: a session's own, whatever batch it comes in
+        and at whichever row), so that each frame redraws only what moved since that key's previous frame.
+        :meth:`render` keeps a slot per batch size and row, which a session only stays in while it is
+        always rendered alone or at the same row."""
+        params = np.ascontiguousarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS)
+        if len(keys) != params.shape[0]:
+            raise ValueError(f"{params.shape[0]} rows and {len(keys)} keys")
+        slots = [self._slot_for_key(k) for k in keys]
+        self._render_slots(params, slots)
+        return [slot.frame for slot, _ in slots]
+
+    @torch.inference_mode()
+    def _render_slots(self, params: np.ndarray, slots: list[tuple[_Slot, int]]) -> None:
         damage = []
         # The features' tensors are a few thousand elements: torch's OpenMP threads cost more than they
         # give (some ops, sqrt among them, go parallel above 2,048 elements, and on 2 busy cores each
@@ -269,15 +298,14 @@ class CpuRenderer:
         if threads != 1:
             torch.set_num_threads(1)
         try:
-            for i, slot in enumerate(slots):
+            for i, (slot, buffer) in enumerate(slots):
                 boxes = self._render_slot(slot, params[i])
                 slot.serial += 1
-                damage.append(Damage(self._buffer_ids[(b, i)], slot.serial, tuple(boxes)))
+                damage.append(Damage(buffer, slot.serial, tuple(boxes)))
         finally:
             if threads != 1:
                 torch.set_num_threads(threads)
         self.damage = damage
-        return self._buffers[b]
 
     def feature_params(self, pc: np.ndarray) -> np.ndarray:
         """What the features are drawn from: ``pc`` with the inputs that have a quantum (``Feature.quanta``)

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +76,7 @@ class _Job:
     pose: Pose  # runs in the render thread
     finish: Finish  # runs in the render thread on the rendered RGBA frame
     done: asyncio.Future[VideoFrame]
+    asker: object | None = None
     result: VideoFrame | None = None
     error: BaseException | None = None  # its own pose or finish failed (the others of its batch go on)
 
@@ -172,7 +173,7 @@ class RenderPool:
         """Pose, render and ``finish`` the frame into a video frame, all off the loop. ``asker`` (the
         session's video source) is counted among those whose requests a batch waits for."""
         loop = asyncio.get_running_loop()
-        job = _Job(pose, finish, loop.create_future())
+        job = _Job(pose, finish, loop.create_future(), asker)
         batch = self._pending.get(profile)
         if batch is None:
             batch = self._pending[profile] = _Batch()
@@ -248,7 +249,12 @@ class RenderPool:
         if not posed:
             return
         rendering = time.perf_counter()
-        frames = backend.render(np.stack(params))
+        keyed = getattr(backend, "render_keyed", None)
+        frames: Sequence[np.ndarray]
+        if keyed is not None and all(job.asker is not None for job in posed):
+            frames = keyed(np.stack(params), [job.asker for job in posed])  # each session in its own buffer
+        else:
+            frames = backend.render(np.stack(params))
         rendered = time.perf_counter()
         region = changing_region(backend)
         damage: list[Damage] | None = getattr(backend, "damage", None)

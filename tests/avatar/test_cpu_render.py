@@ -131,6 +131,44 @@ def test_batch_slots_keep_their_own_faces() -> None:
     assert np.abs(single.astype(int) - want.astype(int)).max() <= 3
 
 
+def test_a_keyed_slot_follows_its_session_whatever_the_batch() -> None:
+    """Two sessions rendered together, alone, and at swapped rows: each key's frames match the module and
+    each damage is counted against that key's own previous frame, so a held pose redraws nothing."""
+
+    class Key:
+        pass
+
+    gen = generator("360p")
+    renderer = CpuRenderer(gen)
+    a, b = Key(), Key()
+    params = _sequence(36)[:15]
+    other = _sequence(36)[::-1][:15].copy()
+    mirrors: dict[int, np.ndarray] = {}
+    last: dict[int, Damage] = {}
+    for i in range(len(params)):
+        order = [(a, params[i]), (b, other[i])] if i % 3 == 0 else [(b, other[i]), (a, params[i])]
+        if i % 3 == 2:
+            order = order[:1]  # one of them alone this time
+        frames = renderer.render_keyed(np.stack([p for _, p in order]), [k for k, _ in order])
+        for (key, p), frame, dmg in zip(order, frames, renderer.damage, strict=True):
+            want = _reference(gen, renderer.feature_params(p))[0]
+            assert np.abs(frame.astype(int) - want.astype(int)).max() <= 3, i
+            k = id(key)
+            if k in last:
+                assert (dmg.buffer, dmg.serial) == (last[k].buffer, last[k].serial + 1)
+                for x, y, w, h in dmg.boxes:
+                    mirrors[k][y : y + h, x : x + w] = frame[y : y + h, x : x + w]
+                assert np.array_equal(mirrors[k], frame), i
+            else:
+                mirrors[k] = frame.copy()
+            last[k] = dmg
+    first = renderer.render_keyed(params[-1:], [a])[0]
+    held = renderer.render_keyed(params[-1:], [a])[0]  # the same pose again: nothing to redraw
+    assert renderer.damage[0].boxes == () and held is first, "the key's own buffer, redrawn in place"
+    with pytest.raises(ValueError, match="keys"):
+        renderer.render_keyed(params[:2], [a])
+
+
 def test_motion_affine_is_the_module_motion() -> None:
     gen = generator("360p")
     rng = np.random.default_rng(3)

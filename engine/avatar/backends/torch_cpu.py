@@ -49,3 +49,8 @@ class TorchBackend:
 
     def render(self, params: np.ndarray) -> np.ndarray:
         return self.renderer.render(np.asarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS))
+
+    def render_keyed(self, params: np.ndarray, keys: list[object]) -> list[np.ndarray]:
+        """Each row into its key's own buffer (a session's: ``CpuRenderer.render_keyed``); the render pool
+        calls this when it knows whose frame each row is."""
+        return self.renderer.render_keyed(np.asarray(params, dtype=np.float32).reshape(-1, NUM_PARAMS), keys)
