@@ -250,7 +250,7 @@ class RenderPool:
             return
         rendering = time.perf_counter()
         keyed = getattr(backend, "render_keyed", None)
-        frames: Sequence[np.ndarray]
+        frames: Sequence[np.ndarray] | np.ndarray
         if keyed is not None and all(job.asker is not None for job in posed):
             frames = keyed(np.stack(params), [job.asker for job in posed])  # each session in its own buffer
         else:
