@@ -89,6 +89,12 @@ class ServerConfig(BaseModel):
         "on: its affinity, capped by a container's CPU quota); set each engine's share where several share a "
         "box without container limits",
     )
+    stall_report_ms: float = Field(
+        1000.0,
+        ge=0.0,
+        description="a session's next video frame this long overdue (rendering, or held by the encoder and "
+        "sender) is a stall: one WARNING with every busy thread's stack, at most every 30 s (0 = no watch)",
+    )
     video_encoder_threads: int = Field(
         1,
         ge=0,

@@ -171,6 +171,7 @@ r = json.load(open(sys.argv[1]))
 for s in r["per_session"]:
     print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
           s["fps_min_1s"], "(media", s.get("fps_min_1s_media"), "network", s.get("fps_min_1s_network"), ")",
+          "lowest at", s.get("fps_min_1s_unix"), "media", s.get("fps_min_1s_media_unix"),
           "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
 print("pooled", r["sessions"], "engines", r.get("engines"), "client processes", r.get("client_procs"), r["pooled"])

@@ -111,6 +111,10 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         # (the engine's clock, the network, or the client's own decoding)
         "fps_min_1s_media": result.get("fps_min_1s_media"),
         "fps_min_1s_network": result.get("fps_min_1s_network"),
+        # when the lowest windows (decoded, media) began, in Unix seconds: line them up with the other
+        # sessions' and the engines' log lines
+        "fps_min_1s_unix": result.get("fps_min_1s_unix"),
+        "fps_min_1s_media_unix": result.get("fps_min_1s_media_unix"),
         "lipsync_offset_ms": result.get("lipsync_offset_ms"),
         "wer": result.get("wer"),
         "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],

@@ -130,6 +130,7 @@ def frame_rate(arrivals: list[float], skip_s: float = 2.0, until: float | None =
     intervals = np.diff(t) * 1000.0
     return {
         "fps_min_1s": int(min(counts)),
+        "fps_min_1s_at": float(starts[int(np.argmin(counts))]),  # the lowest window's start, on their clock
         "fps_mean": round(float((len(t) - 1) / (end - t[0])), 2),
         "frame_interval_ms": summarize(intervals.tolist()) | {"std": round(float(intervals.std()), 2)},
     }

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -468,7 +469,16 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
     report: dict[str, Any] = frame_rate(v.arrivals, until=until)
     # The same window counted on the frames' own media times: the frames the engine sent for each second of
     # its clock. Low here, the engine dropped frames; low only above, they arrived (or were read) bunched.
-    report["fps_min_1s_media"] = frame_rate(sorted(v.pts))["fps_min_1s"]
+    media = frame_rate(sorted(v.pts))
+    report["fps_min_1s_media"] = media["fps_min_1s"]
+    # when the lowest windows began, in Unix seconds (the engine's log lines and other sessions' windows
+    # can be lined up with them: every clock here is time.monotonic() of one host)
+    to_unix = time.time() - time.monotonic()
+    at = report.pop("fps_min_1s_at", None)
+    report["fps_min_1s_unix"] = round(to_unix + conn.clock.origin + at, 2) if at is not None else None
+    at = media.get("fps_min_1s_at")
+    origin = conn.engine_origin
+    report["fps_min_1s_media_unix"] = round(to_unix + origin + at, 2) if at is not None and origin else None
     # ... and on the arrival of each frame's last packet, before the client's decoder: low only in the first
     # figure, the client (decoding on the same cores as the engine) read them late.
     report["fps_min_1s_network"] = frame_rate(conn.frame_arrivals.times, until=until)["fps_min_1s"]

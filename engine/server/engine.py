@@ -20,10 +20,12 @@ from engine.llm.prompt import PromptProvider
 from engine.models import EngineModels, load_models
 from engine.native import model_executor
 from engine.server.capacity import CapacityMonitor
+from engine.server.stalls import StallWatch
 from engine.session.face import attach_avatar
 from engine.session.session import Session
 from engine.session.timings import TurnMetrics
 from engine.tasks import TaskOwner
+from engine.transport.video_out import IdolVideoTrack
 
 log = logging.getLogger(__name__)
 LOAD_LOG_S = 5.0  # seconds between the load lines while sessions are open
@@ -128,6 +130,8 @@ class Engine:
         ).set_function(lambda: self.capacity.loop_lag.summary_ms()["p90"] or 0.0)
         self.gc_pauses = CollectionPauses(self.registry)
         self.gc_pauses.watch()
+        # a session's video frame overdue, said while it is (engine/server/stalls.py); started with a session
+        self.stalls = StallWatch(self._paced_tracks, settings.server.stall_report_ms / 1000.0)
         self._owner = TaskOwner("engine")
         self._ready = asyncio.Event()
         if models is not None:
@@ -151,6 +155,14 @@ class Engine:
     def _late_frames(self) -> int:
         """Frames the open sessions dropped as late, in all (read from the capacity sampler's thread)."""
         return sum(s.late_frames() for s in list(self.sessions.values()))
+
+    def _paced_tracks(self) -> list[tuple[str, IdolVideoTrack]]:
+        """The open sessions' video tracks (read from the stall watch's thread)."""
+        return [
+            (sid, s.video_track)
+            for sid, s in list(self.sessions.items())
+            if isinstance(s.video_track, IdolVideoTrack)
+        ]
 
     def _progress(self, stage: str, message: str, fraction: float | None = None) -> None:
         self.status.stage, self.status.message, self.status.fraction = stage, message, fraction
@@ -262,6 +274,7 @@ class Engine:
             attach_avatar(session, self.render_pool)
         self.sessions[sid] = session
         self._sessions_gauge.set(len(self.sessions))
+        self.stalls.start()
         for hook in self.on_session_created:
             await hook(session)
         return session
@@ -290,6 +303,7 @@ class Engine:
 
     async def shutdown(self) -> None:
         self.gc_pauses.stop()
+        self.stalls.stop()
         for sid in list(self.sessions):
             await self.close_session(sid)
         await self._owner.cancel_all()

@@ -34,7 +34,7 @@ def attach_avatar(session: Session, pool: RenderPool, seed: int | None = None) -
         return min(max(d, 0.0), MAX_COMPENSATION_S)
 
     video = SessionVideo(pool, animator, config, compensation)
-    track = IdolVideoTrack(session.clock, video, catch_up_s=config.catch_up_ms / 1000.0)
+    track = IdolVideoTrack(session.clock, video, catch_up_s=config.catch_up_ms / 1000.0, name=session.id)
     session.video_track = track
     session.video_source = video
 

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90000
 FAILURE_LOG_S = 5.0  # a render that keeps failing is logged at most this often
+DROP_LOG_S = (
+    5.0  # frames dropped as late are logged at most this often a track (the count since, at the next)
+)
 
 
 def on_grid(clock: Clock, fps: int) -> float:
@@ -69,9 +72,15 @@ class IdolVideoTrack(TappedTrack):
     copy_off_loop = True
 
     def __init__(
-        self, clock: Clock, source: FrameSource, render_ahead_s: float = 0.02, catch_up_s: float = 2 / 30
+        self,
+        clock: Clock,
+        source: FrameSource,
+        render_ahead_s: float = 0.02,
+        catch_up_s: float = 2 / 30,
+        name: str = "",
     ) -> None:
         super().__init__(clock)
+        self.name = name  # the session's id, in its log lines
         encoders.install()  # this track's encoder (and every other session's) shares the cores by one policy
         self.source = source
         self.render_ahead_s = render_ahead_s
@@ -87,6 +96,13 @@ class IdolVideoTrack(TappedTrack):
         self.extras: dict[str, VideoFrame] = {}  # other pictures of the frame returned last (see want)
         # the next frame's render, started when the last one was handed over: (its time, the render)
         self._ahead: tuple[float, asyncio.Task[tuple[VideoFrame, dict[str, VideoFrame]]]] | None = None
+        # where the frame in hand is, for engine/server/stalls.py (read from its thread): "render" (asked
+        # for, due at ``_due``), "sender" (handed to aiortc at ``_handed``: encoding, sending) or "idle"
+        self._phase = "idle"
+        self._due = 0.0
+        self._handed = 0.0
+        self._drop_logged = -math.inf
+        self._dropped_logged = 0
 
     def want(self, variant: str, on: bool) -> bool:
         """Ask the source for another picture of every frame (e.g. "packed" for the OBS page), or stop;
@@ -107,17 +123,21 @@ class IdolVideoTrack(TappedTrack):
     async def produce(self) -> VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        self.send_delay.next_requested(self.clock.now())
+        now = self.clock.now()
+        held = now - self._handed if self._phase == "sender" else 0.0
+        self.send_delay.next_requested(now)
         fps = self.fps
         if self._t0 is None:
             self._t0 = on_grid(self.clock, fps)
         t = self._t0 + self._index / fps
-        now = self.clock.now()
         if now > t + max(self.catch_up_s, 1.0 / fps):  # too far behind: drop to the present
             skip = math.floor((now - self._t0) * fps) - self._index + 1
             self.dropped += skip
             self._index += skip
+            self._log_drop(now - t, held)
             t = self._t0 + self._index / fps
+        self._due = t  # before the phase: the stall watch reads the phase first
+        self._phase = "render"
         try:
             frame, extras = await self._rendered(t)
         except Exception:
@@ -145,7 +165,36 @@ class IdolVideoTrack(TappedTrack):
         self.extras = extras
         now = self.clock.now()
         self.send_delay.returned(now, now - t)
+        self._handed = now
+        self._phase = "sender"
         return frame
+
+    def _log_drop(self, behind_s: float, held_s: float) -> None:
+        """A WARNING for frames dropped as late, at most one every ``DROP_LOG_S`` (with the count since)."""
+        now = self.clock.now()
+        if now - self._drop_logged < DROP_LOG_S:
+            return
+        since, self._dropped_logged = self.dropped - self._dropped_logged, self.dropped
+        self._drop_logged = now
+        log.warning(
+            "video%s: %d frame(s) dropped as late since the last report (%d in all): the track was %.0f ms "
+            "behind, the sender had held the frame before %.0f ms",
+            f" of session {self.name}" if self.name else "",
+            since,
+            self.dropped,
+            behind_s * 1000.0,
+            held_s * 1000.0,
+        )
+
+    def stalled(self) -> tuple[str, float] | None:
+        """(phase, seconds) when the frame in hand is overdue: its render past its due time ("render"), or
+        aiortc holding the frame before (encoding, sending) more than a frame period ("sender")."""
+        phase, now = self._phase, self.clock.now()
+        if phase == "render" and now > self._due:
+            return phase, now - self._due
+        if phase == "sender" and now - self._handed > 1.0 / self.fps:
+            return phase, now - self._handed
+        return None
 
     async def _render(self, t: float) -> tuple[VideoFrame, dict[str, VideoFrame]]:
         frame = await self.source.frame_at(t)
@@ -172,6 +221,7 @@ class IdolVideoTrack(TappedTrack):
         self._ahead = (t, asyncio.get_running_loop().create_task(self._render(t), name="video-render-ahead"))
 
     def stop(self) -> None:
+        self._phase = "idle"
         if self._ahead is not None:
             task = self._ahead[1]
             self._ahead = None

@@ -6,6 +6,7 @@ says); the track, its pacing, its drops and its pts are the real ones."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -159,3 +160,80 @@ async def test_a_failed_render_sends_the_last_frame_again_and_a_stopped_track_le
     for _ in range(5):
         await asyncio.sleep(0)
     assert source.busy == 0 and track._ahead is None
+
+
+async def test_the_stall_watch_names_a_render_or_a_sender_that_holds_a_frame_past_its_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """engine/server/stalls.py reads the real track's phase from its own thread's view: a render past its
+    frame's due time, then aiortc holding a frame (encoding, sending); the report carries the stacks of the
+    busy threads (here a thread blocked in a function named for the test)."""
+    import threading
+
+    from engine.server.stalls import StallWatch
+
+    clock = ScriptedClock(0.0)
+    source = RecordingSource(clock)
+    track = IdolVideoTrack(clock, source)
+    watch = StallWatch(lambda: [("s1", track)], threshold_s=0.3, cooldown_s=0.0, now=clock.now)
+    assert track.stalled() is None and watch.check() is None  # nothing asked for yet
+    await _pull(track, clock, 0.0)
+    # handed to the sender; within a frame period that is no stall
+    clock.advance(0.02)
+    assert track.stalled() is None
+    # the sender holds it 400 ms
+    clock.advance(0.38)
+    assert track.stalled() == ("sender", pytest.approx(0.4))
+    held = threading.Event()
+
+    def a_native_call_that_holds_the_render() -> None:
+        while not held.is_set():
+            time.sleep(0.001)
+
+    blocker = threading.Thread(target=a_native_call_that_holds_the_render, name="render_0")
+    blocker.start()
+    try:
+        with caplog.at_level("WARNING", logger="engine.server.stalls"):
+            report = watch.check()
+        assert report is not None and "session s1: sender for 400 ms" in report
+        assert "render_0" in report and "a_native_call_that_holds_the_render" in report
+        assert watch.check() is None and watch.stalls == 1  # the same stall is reported once
+    finally:
+        held.set()
+        blocker.join()
+    track.stop()
+    assert track.stalled() is None
+    # a render that hangs past its frame's due time (frame 1, started ahead when frame 0 was handed over)
+    start = clock.now()
+    source.hold_at = start + 1 / FPS
+    held_render = IdolVideoTrack(clock, source)
+    watch.tracks = lambda: [("s2", held_render)]
+    await _pull(held_render, clock, start)
+    task = asyncio.ensure_future(held_render.recv())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    due = held_render._due
+    clock.set(due + 0.5)
+    phase, seconds = held_render.stalled() or ("", 0.0)
+    assert phase == "render" and seconds == pytest.approx(0.5)
+    report = watch.check()
+    assert report is not None and "session s2: render for 500 ms" in report and watch.stalls == 2
+    assert source.busy == 1  # the render is still out
+    source.release.set()
+    await task
+    held_render.stop()
+
+
+async def test_frames_dropped_as_late_are_logged_with_how_far_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ScriptedClock(0.0)
+    track = IdolVideoTrack(clock, RecordingSource(clock))
+    await _pull(track, clock, 0.0)
+    with caplog.at_level("WARNING", logger="engine.transport.video_out"):
+        await _pull(track, clock, 0.5)  # aiortc back 500 ms later: frames 1 to 15 are gone
+    assert track.dropped == 15
+    [record] = [r.getMessage() for r in caplog.records if "dropped as late" in r.getMessage()]
+    assert "15 frame(s)" in record and "467 ms behind" in record
+    assert "the sender had held the frame before 500 ms" in record
+    track.stop()
