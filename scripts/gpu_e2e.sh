@@ -174,7 +174,9 @@ for s in r["per_session"]:
           "lowest at", s.get("fps_min_1s_unix"), "media", s.get("fps_min_1s_media_unix"),
           "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
+stages = r["pooled"].pop("stages_ms", {})
 print("pooled", r["sessions"], "engines", r.get("engines"), "client processes", r.get("client_procs"), r["pooled"])
+print("stages P50 / P95 from the end of speech:", {k: (v.get("p50"), v.get("p95")) for k, v in stages.items()})
 print("host CPU from the peak on", r.get("host_cpu"))
 for step in (r.get("capacity") or {}).get("steps", []):
     est = step.get("engine_capacity") or {}

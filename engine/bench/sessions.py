@@ -120,7 +120,17 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],
         "lipsync_replies_ms": [r["offset_ms"] for r in result.get("lipsync_per_reply", [])],
         "client_loop_lag_ms": result.get("client_loop_lag_ms"),
+        # each turn's stages from the end of speech (the engine's timings: end of turn, LLM first token,
+        # first chunk, TTS first audio, sent): where a session's voice-to-voice went
+        "stages_ms": [t.get("stages_ms") or {} for t in turns],
     }
+
+
+def pooled_stages(per_session: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every stage over all sessions' turns (ms from the end of speech)."""
+    turns = [t for s in per_session for t in s.get("stages_ms", [])]
+    names = sorted({k for t in turns for k in t})
+    return {k: summarize([t[k] for t in turns if t.get(k) is not None]) for k in names}
 
 
 def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
@@ -147,6 +157,7 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "lipsync_offset_ms": summarize(lips) if lips else summarize([]),
         "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
         "client_loop_lag_max_ms": max(lags, default=None),
+        "stages_ms": pooled_stages(per_session),
     }
 
 

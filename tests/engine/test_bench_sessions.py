@@ -54,6 +54,18 @@ def test_pooled_turns_unanswered_refusals_and_the_lowest_second() -> None:
     assert not any("fps" in b for b in broken) and not any("P95" in b for b in broken)
 
 
+def test_each_stage_is_pooled_over_every_sessions_turns() -> None:
+    a, b = _client([900.0, 1000.0]), _client([1200.0])
+    a["turns"][0]["stages_ms"] = {"end_of_turn": 200.0, "llm_first_token": 400.0}
+    a["turns"][1]["stages_ms"] = {"end_of_turn": 220.0, "llm_first_token": 500.0}
+    b["turns"][0]["stages_ms"] = {"end_of_turn": 600.0}  # its LLM never answered (no stage)
+    per = [_session_entry(0, 2, a), _session_entry(1, 1, b), _session_entry(2, 1, RuntimeError("refused"))]
+    stages = pool(per)["stages_ms"]
+    assert stages["end_of_turn"]["n"] == 3 and stages["end_of_turn"]["max"] == 600.0
+    assert stages["llm_first_token"]["n"] == 2 and stages["llm_first_token"]["p50"] == pytest.approx(450.0)
+    assert per[1]["stages_ms"] == [{"end_of_turn": 600.0}]
+
+
 def test_a_session_without_video_breaks_the_fps_level_only_when_video_is_expected() -> None:
     per = [_session_entry(0, 2, _client([800.0, 900.0], None)), _session_entry(1, 2, _client([850.0, 950.0]))]
     p = pool(per)
