@@ -183,6 +183,9 @@ for step in (r.get("capacity") or {}).get("steps", []):
     print("N", step["sessions"], "held" if step["held"] else "broke", step["pooled"]["voice_to_voice_ms"],
           step["broken"], "engine's estimate:", est.get("capacity"), est.get("bounded_by"))
 print("capacity", (r.get("capacity") or {}).get("largest_n_held"))
+for e in r.get("engine_capacities_end") or []:
+    e = e or {}
+    print("engine at the end: loop lag", e.get("event_loop_lag_ms"), "render", e.get("render"))
 e = r.get("engine_capacity") or {}
 for e in r.get("engine_capacities") or [e]:
     e = e or {}

@@ -337,6 +337,8 @@ async def run_sessions(
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
+    # and again at the end, the sessions closed: the loops' worst lag over the whole run, the render's batches
+    ended = await asyncio.gather(*(engine_capacity(u, token) for u in engines))
     host = None
     if "host_cpu" in peak:  # reached the peak: the box's CPU from there to the clients' end
         t0, before = peak["host_cpu"]
@@ -353,6 +355,7 @@ async def run_sessions(
         "engines": len(engines),
         "engine_capacity": (peak.get("engines") or [None])[0],  # the first engine's
         "engine_capacities": peak.get("engines") or [],
+        "engine_capacities_end": list(ended),
         "host_cpu": host,
     }
 

@@ -174,6 +174,10 @@ class LoopLag:
         self.probe_s = probe_s
         self._samples: deque[tuple[float, float]] = deque()  # (t, lag in seconds)
         self._lock = threading.Lock()
+        # the largest lag since the sessions open now began (reset_worst), and when it ended (Unix seconds):
+        # a stall outside the window still shows
+        self.worst_s = 0.0
+        self.worst_at: float | None = None
 
     async def watch(self) -> None:
         """Probe the running loop until cancelled: sleep ``probe_s``, record how much later it woke."""
@@ -187,19 +191,30 @@ class LoopLag:
     def record(self, now: float, lag_s: float) -> None:
         with self._lock:
             self._samples.append((now, max(0.0, lag_s)))
+            if lag_s > self.worst_s:
+                self.worst_s, self.worst_at = lag_s, time.time()
             while self._samples and self._samples[0][0] < now - self.window_s:
                 self._samples.popleft()
 
+    def reset_worst(self) -> None:
+        """Forget the largest lag (the first session of a busy spell opens: what came before is loading)."""
+        with self._lock:
+            self.worst_s, self.worst_at = 0.0, None
+
     def summary_ms(self) -> dict[str, float | None]:
-        """P50, P90 and the largest lag over the window, in ms (None: no probe yet)."""
+        """P50, P90 and the largest lag over the window, in ms (None: no probe yet); the largest since
+        :meth:`reset_worst` too (``worst``, with ``worst_at``: when it ended, in Unix seconds)."""
         with self._lock:
             lags = [lag for _, lag in self._samples]
+            worst, worst_at = self.worst_s, self.worst_at
         if not lags:
-            return {"p50": None, "p90": None, "max": None}
+            return {"p50": None, "p90": None, "max": None, "worst": None, "worst_at": None}
         return {
             "p50": round(1000.0 * _quantile(lags, 0.5), 1),
             "p90": round(1000.0 * _quantile(lags, 0.9), 1),
             "max": round(1000.0 * max(lags), 1),
+            "worst": round(1000.0 * worst, 1),
+            "worst_at": round(worst_at, 2) if worst_at is not None else None,
         }
 
 

@@ -272,6 +272,8 @@ class Engine:
         session = Session(sid, self.settings, self.models, prompt=prompt, metrics=self.turn_metrics)
         if self.render_pool is not None:
             attach_avatar(session, self.render_pool)
+        if not self.sessions:  # a busy spell begins: the loop's worst lag is counted from here
+            self.capacity.loop_lag.reset_worst()
         self.sessions[sid] = session
         self._sessions_gauge.set(len(self.sessions))
         self.stalls.start()

@@ -191,12 +191,30 @@ def test_frames_dropped_late_stop_admission_whatever_the_estimate() -> None:
 @pytest.mark.unit
 def test_loop_lag_is_summarized_over_its_window() -> None:
     lag = LoopLag(window_s=10.0)
-    assert lag.summary_ms() == {"p50": None, "p90": None, "max": None}
+    assert lag.summary_ms() == {"p50": None, "p90": None, "max": None, "worst": None, "worst_at": None}
+    lag.record(0.0, 0.9)  # loading, before any session
+    lag.reset_worst()
     for i in range(10):
-        lag.record(float(i), 0.001 * (i + 1))  # 1 … 10 ms
-    assert lag.summary_ms() == {"p50": 5.0, "p90": 9.0, "max": 10.0}
-    lag.record(25.0, 0.2)  # the earlier ones have left the window
-    assert lag.summary_ms() == {"p50": 200.0, "p90": 200.0, "max": 200.0}
+        lag.record(float(i + 1), 0.001 * (i + 1))  # 1 … 10 ms
+    before = time.time()
+    lag.record(11.0, 0.3)  # a stall
+    lag.record(12.0, 0.002)
+    summary = lag.summary_ms()
+    assert {k: summary[k] for k in ("p50", "p90", "max", "worst")} == {
+        "p50": 6.0,
+        "p90": 10.0,
+        "max": 300.0,
+        "worst": 300.0,
+    }
+    assert summary["worst_at"] is not None and before - 0.01 <= summary["worst_at"] <= time.time() + 0.01
+    lag.record(25.0, 0.2)  # the earlier ones have left the window; the worst since the reset stays
+    assert lag.summary_ms() | {"worst_at": None} == {
+        "p50": 200.0,
+        "p90": 200.0,
+        "max": 200.0,
+        "worst": 300.0,
+        "worst_at": None,
+    }
 
 
 @pytest.mark.unit
