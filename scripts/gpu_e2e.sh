@@ -19,7 +19,7 @@
 # runs on the GPU when the parts brought onnxruntime-gpu and its first chunk is quicker there (timed first; TTS_CPU=1 / TTS_GPU=1 choose).
 #
 # `install` puts the wheels into $STORE/site and the tokenizer into $STORE/tokenizer. `checks` runs tests/gpu
-# and the stage benches (engine/bench/gpu_stages.py, gpu_llm_together.py, scripts/render_beside_load.py, scripts/opencv_pool.py). `bench` runs `idolcast bench` with the whole pipeline:
+# and the stage benches (engine/bench/gpu_stages.py, gpu_llm_together.py, scripts/render_beside_load.py, scripts/render_memory.py, scripts/opencv_pool.py). `bench` runs `idolcast bench` with the whole pipeline:
 # engine subprocess + aiortc client on this host, a Whisper-small-shaped ASR and a Qwen2.5-1.5B-shaped LLM
 # (random weights, CUDA graphs), Piper on the host CPU, the CUDA-graph avatar at 720p, then times the voice's
 # first chunk alone. Results go to $OUT. EOT_MS overrides the end-of-turn silence (default: the engine's
@@ -110,7 +110,9 @@ checks)
     # replies decoded at once: each slot alone against the shared step (llm.cuda_graph_batched)
     python3 -m engine.bench.gpu_llm_together --shape 1.5B --replies 1,2,4,8 --out "$OUT/llm-together.json" 2>&1 | tail -10
     # a frame's GPU round trip beside other GPU work of the process: the default stream against its own
-    python3 scripts/render_beside_load.py --batch 4 --seconds 5 --out "$OUT/render-beside-load.json" 2>&1 | tail -25
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/render_beside_load.py --batch 4 --seconds 5 --out "$OUT/render-beside-load.json" 2>&1 | tail -25
+    # what the avatar's graphs hold on the GPU: rows captured for, one shared pool or a pool a bucket
+    PYTHONPATH=.:$PYTHONPATH python3 scripts/render_memory.py --profile 720p --max-batch 8 32 --out "$OUT/render-memory.json" 2>&1 | tail -6
     # what OpenCV's own pool costs the sent picture's conversion on this host's cores
     python3 scripts/opencv_pool.py --sessions 4 --seconds 3 --threads -1 1
     ;;

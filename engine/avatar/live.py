@@ -57,15 +57,21 @@ def changing_region(backend: FrameBackend) -> Region:
 RendererFactory = Callable[[str, Progress | None], FrameBackend]
 
 
-def renderer_factory(config: AvatarConfig) -> RendererFactory:
+def renderer_factory(config: AvatarConfig, max_batch: int = 32) -> RendererFactory:
     """Build the configured character's frame backend for a profile (blocking: seconds; the torch backend
-    compiles its face's features here, see ``avatar.cpu_kernels``)."""
+    compiles its face's features here, see ``avatar.cpu_kernels``). ``max_batch``: the most frames one
+    batch holds (the engine's sessions: one frame each)."""
 
     def build(profile: str, progress: Progress | None = None) -> FrameBackend:
         from engine.avatar.backends import select_backend
 
         return select_backend(
-            config.backend, profile, config.character, cpu_kernels=config.cpu_kernels, progress=progress
+            config.backend,
+            profile,
+            config.character,
+            cpu_kernels=config.cpu_kernels,
+            progress=progress,
+            max_batch=max_batch,
         )
 
     return build

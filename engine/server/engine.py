@@ -147,7 +147,8 @@ class Engine:
             if models is not None:  # handed loaded models: ready now ('auto' measures here, once a process)
                 self._resolve_profile()
             self.render_pool = RenderPool(
-                renderer_factory(settings.avatar), gather_s=settings.avatar.render_gather_ms / 1000.0
+                renderer_factory(settings.avatar, max_batch=settings.server.max_sessions),
+                gather_s=settings.avatar.render_gather_ms / 1000.0,
             )
 
     # ---- loading -----------------------------------------------------------------------------

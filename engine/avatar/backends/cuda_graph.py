@@ -11,6 +11,13 @@ Every bucket is captured when the backend is made, before any session exists. A
 capture made later, while the ASR or LLM threads launch work on the same GPU,
 breaks both (``cudaErrorStreamCaptureUnsupported`` in the other thread, then an
 invalidated capture): found with 16 sessions on the H200 (docs/PERFORMANCE.md).
+
+The buckets share one memory pool, captured largest first: each replay's working set (the layers'
+float intermediates, tens of MB a row at 720p) is then the largest bucket's alone, not the sum over
+every bucket (1 + 2 + 4 + … rows). Sharing is safe because the replays are never concurrent (one
+render thread) and a bucket's frames are read before the next replay: :meth:`render` copies them to
+host memory and waits; :meth:`render_tensor`'s view is valid until the next replay of *any* bucket.
+The engine sizes ``max_batch`` by ``server.max_sessions`` (a batch holds one frame a session).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from engine.avatar.profiles import profile_name
 
 
 class _Captured:
-    def __init__(self, gen: FrameGenerator, batch: int, device: torch.device) -> None:
+    def __init__(self, gen: FrameGenerator, batch: int, device: torch.device, pool: Any = None) -> None:
         self.params = torch.zeros(batch, NUM_PARAMS, device=device)
         self.params[:] = torch.from_numpy(_rest()).to(device)
         stream = torch.cuda.Stream(device)
@@ -38,7 +45,7 @@ class _Captured:
                 self.frames = to_uint8(gen(self.params))
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), torch.no_grad():
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"), torch.no_grad():
             self.frames = to_uint8(gen(self.params))
         self.host = [torch.empty(self.frames.shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
         self.turn = 0
@@ -71,6 +78,7 @@ class CudaGraphBackend:
         profile: str | tuple[int, int] = "720p",
         device: str = "cuda",
         max_batch: int = 32,
+        share_pool: bool = True,
     ) -> None:
         if not torch.cuda.is_available():
             raise BackendUnavailable("CUDA is not available (torch.cuda.is_available() is False)")
@@ -79,7 +87,11 @@ class CudaGraphBackend:
         self.width, self.height = self.generator.width, self.generator.height
         self.profile = profile_name(self.width, self.height)
         self.max_batch = max(1, max_batch)
-        self._graphs = {b: _Captured(self.generator, b, self.device) for b in buckets(self.max_batch)}
+        pool = torch.cuda.graph_pool_handle() if share_pool else None
+        self._graphs: dict[int, _Captured] = {}
+        for b in sorted(buckets(self.max_batch), reverse=True):  # the largest first: the pool fits it
+            self._graphs[b] = _Captured(self.generator, b, self.device, pool)
+        torch.cuda.empty_cache()  # the warm-ups' blocks, cached outside the graphs' pool, go back to the driver
         self.ring = 2
         # The frames' own stream, at the highest priority: a frame waits neither behind the LLM's and the
         # ASR's work queued in this process (the default stream) nor for it to finish, only for its own
@@ -93,7 +105,7 @@ class CudaGraphBackend:
 
     def render_tensor(self, params: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Frames left on the device: uint8 ``[B, H, W, 4]`` for ``B ≤ max_batch`` rows (a view of the
-        bucket's output, overwritten by the next replay), written on :attr:`stream`: another stream that
+        bucket's output, overwritten by the next replay of any bucket: they share a pool), written on :attr:`stream`: another stream that
         reads them waits for it first (``other.wait_stream(backend.stream)``)."""
         p = torch.as_tensor(params, dtype=torch.float32).reshape(-1, NUM_PARAMS)
         if p.shape[0] > self.max_batch:

@@ -23,10 +23,12 @@ def select_backend(
     plan_dir: str = "trt_plans",
     cpu_kernels: KernelMode = "off",
     progress: Progress | None = None,
+    max_batch: int = 32,
 ) -> FrameBackend:
     """Build the backend ``name`` ('auto', 'torch', 'cuda-graph', 'onnxruntime', 'tensorrt') for ``profile``.
     ``cpu_kernels``: the torch backend's face features compiled (``avatar.cpu_kernels``; seconds, reported to
-    ``progress``)."""
+    ``progress``); ``max_batch``: the most rows the CUDA-graph backend captures a graph for (the engine's
+    ``server.max_sessions``: a batch holds a frame a session)."""
     from engine.avatar.loaders import load_character  # torch: only when a backend is built
 
     if name not in ("auto", *BACKENDS):
@@ -43,7 +45,7 @@ def select_backend(
         try:
             from engine.avatar.backends.cuda_graph import CudaGraphBackend
 
-            return CudaGraphBackend(char, profile)
+            return CudaGraphBackend(char, profile, max_batch=max_batch)
         except BackendUnavailable as e:
             reasons.append(f"cuda-graph: {e}")
         log.info("frame backend: torch CPU (%s)", "; ".join(reasons))
@@ -55,7 +57,7 @@ def select_backend(
     if name == "cuda-graph":
         from engine.avatar.backends.cuda_graph import CudaGraphBackend
 
-        return CudaGraphBackend(char, profile)
+        return CudaGraphBackend(char, profile, max_batch=max_batch)
     if name == "onnxruntime":
         from engine.avatar.backends.onnx_runtime import OnnxRuntimeBackend
 
