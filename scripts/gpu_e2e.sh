@@ -34,6 +34,7 @@
 # message); both write
 # $OUT/sessions.json instead of bench.json and skip the single-session report. VERBOSE=1: the single-session
 # bench and its engine log at debug level (each pause's speculation and turn-end judgement) into bench.log.
+# STALL_MS: an engine's video stall report threshold (server.stall_report_ms, 250 here; 0 = off).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -151,6 +152,7 @@ bench)
             IDOLCAST_LLM__DTYPE=bfloat16 IDOLCAST_LLM__MAX_NEW_TOKENS=32
     fi
     if [ -n "${EOT_MS:-}" ]; then export IDOLCAST_VAD__END_OF_TURN_SILENCE_MS=$EOT_MS; fi
+    export IDOLCAST_SERVER__STALL_REPORT_MS=${STALL_MS:-250}
     # on a GPU the speculative decode at a pause costs ~22 ms: speculate sooner (docs/configuration.md)
     export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
@@ -167,6 +169,11 @@ bench)
         echo "bench exit $?"
         kill "$DUMPER" 2> /dev/null
         tail -5 "$OUT/sessions.log"
+        # the engines' word on their video: frames dropped as late, stalls with the busy threads' stacks
+        # (server.stall_report_ms; STALL_MS here, 250 by default); the log travels compressed
+        echo "drop warnings: $(grep -c 'dropped as late' "$OUT/sessions.log"), stall reports: $(grep -c 'video stalled' "$OUT/sessions.log")"
+        grep -m 3 -A 40 'video stalled' "$OUT/sessions.log" | cut -c1-220 | head -120
+        gzip -f "$OUT/sessions.log"
         python3 - "$OUT/sessions.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -222,7 +229,8 @@ ab)
     # run ROUNDS times (default 2) interleaved, each a whole `bench` with the caller's SESSIONS, ENGINES, ...:
     #   VARIANTS='-;IDOLCAST_SERVER__CPUS=4;IDOLCAST_SERVER__MODEL_NICE=0' SESSIONS=16 ENGINES=4 TURNS=2 \
     #   EOT_MS=200 IDOLCAST_VAD__TURN_DETECTOR=off IDOLCAST_TTS__DEVICE=cpu BENCH_TIMEOUT=150 bash scripts/gpu_e2e.sh ab
-    # A call brings back 8 files: each run's sessions.json as $OUT/ab-<round>-<variant>.json, and one line each.
+    # A call brings back 8 files: each run's sessions.json as $OUT/ab-<round>-<variant>.json and its log as
+    # ab-<round>-<variant>.log.gz (so at most 4 runs a call), and a few lines each.
     IFS=';' read -ra VARIANT_LIST <<< "${VARIANTS:--}"
     for round in $(seq 1 "${ROUNDS:-2}"); do
         for k in "${!VARIANT_LIST[@]}"; do
@@ -231,6 +239,8 @@ ab)
             # shellcheck disable=SC2086  # the words of one variant
             ( if [ -n "$settings" ]; then export $settings; fi; OUT=$STORE/ab/$round-$k bash "$0" bench > "$STORE/ab-$round-$k.txt" 2>&1 )
             cp "$STORE/ab/$round-$k/sessions.json" "$OUT/ab-$round-$k.json" 2> /dev/null || tail -3 "$STORE/ab-$round-$k.txt"
+            cp "$STORE/ab/$round-$k/sessions.log.gz" "$OUT/ab-$round-$k.log.gz" 2> /dev/null
+            grep -E '^(drop warnings|--- thread|  File)' "$STORE/ab-$round-$k.txt" | head -40
             python3 - "$OUT/ab-$round-$k.json" "$round" "${settings:-(none)}" <<'EOF_AB'
 import json, sys
 try:
