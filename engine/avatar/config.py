@@ -47,3 +47,11 @@ class AvatarConfig(BaseModel):
         "GPU makes one batched round trip a frame period for all of them instead of one each (frames are "
         "rendered a frame ahead, so the wait is not seen); 0 = only requests made in the same loop tick",
     )
+    finish_threads: int = Field(
+        0,
+        ge=0,
+        le=32,
+        description="threads that finish a batch's frames side by side (each session's conversion to the sent "
+        "picture, after the batch's render): for engines of several sessions on many cores, where the render "
+        "thread finishing them one after another is the batch's longest part; 0 = the render thread itself",
+    )

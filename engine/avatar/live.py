@@ -143,9 +143,15 @@ class RenderPool:
     With ``gather_s = 0`` only the requests made in the same loop tick share a batch.
     """
 
-    def __init__(self, factory: RendererFactory, gather_s: float = 0.0) -> None:
+    def __init__(self, factory: RendererFactory, gather_s: float = 0.0, finish_threads: int = 0) -> None:
         self._factory = factory
         self.gather_s = max(0.0, gather_s)
+        # a batch's frames finished side by side (OpenCV and numpy let go of the GIL): None = one by one
+        self._finishers = (
+            ThreadPoolExecutor(finish_threads, thread_name_prefix="render-finish")
+            if finish_threads > 0
+            else None
+        )
         self._backends: dict[str, FrameBackend] = {}
         self._pending: dict[str, _Batch] = {}
         # who asked for frames of a profile, and in which of its batches they asked last
@@ -264,11 +270,19 @@ class RenderPool:
         rendered = time.perf_counter()
         region = changing_region(backend)
         damage: list[Damage] | None = getattr(backend, "damage", None)
-        for i, job in enumerate(posed):
+
+        def finish(i: int) -> None:
+            job = posed[i]
             try:
                 job.result = job.finish(frames[i], region, damage[i] if damage else None)
             except Exception as e:  # noqa: BLE001 - handed to that session's frame
                 job.error = e
+
+        if self._finishers is not None and len(posed) > 1:
+            list(self._finishers.map(finish, range(len(posed))))  # all done before the buffers are reused
+        else:
+            for i in range(len(posed)):
+                finish(i)
         self.stats.add(len(posed), rendered - rendering, time.perf_counter() - began)
 
     def close(self) -> None:
@@ -276,6 +290,8 @@ class RenderPool:
             if batch.timer is not None:
                 batch.timer.cancel()
         self._thread.shutdown(wait=False, cancel_futures=True)
+        if self._finishers is not None:
+            self._finishers.shutdown(wait=False, cancel_futures=True)
 
 
 PACKED = "packed"  # the variant a viewer asks for: colour | alpha side by side (the OBS page)

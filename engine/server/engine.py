@@ -149,6 +149,7 @@ class Engine:
             self.render_pool = RenderPool(
                 renderer_factory(settings.avatar, max_batch=settings.server.max_sessions),
                 gather_s=settings.avatar.render_gather_ms / 1000.0,
+                finish_threads=settings.avatar.finish_threads,
             )
 
     # ---- loading -----------------------------------------------------------------------------

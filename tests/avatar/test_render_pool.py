@@ -113,6 +113,47 @@ async def test_one_sessions_failed_pose_fails_only_its_own_frame(factory) -> Non
         pool.close()
 
 
+async def test_finish_threads_finish_a_batchs_frames_side_by_side(factory) -> None:  # type: ignore[no-untyped-def]
+    """``avatar.finish_threads``: the frames of one batch are finished at the same time in their own threads
+    (two meet at a barrier, which one thread finishing them in turn never passes), each session's frame its
+    own, and one session's failed finish fails only its frame."""
+    import threading
+
+    pool = RenderPool(factory, gather_s=0.5, finish_threads=2)
+    try:
+        await pool.prepare(PROFILE)
+        a, b, c = Asker(), Asker(), Asker()
+        for s in (a, b, c):
+            await ask(pool, s)
+        meet = threading.Barrier(2, timeout=5.0)
+        threads: list[str] = []
+
+        def finish_tagged(tag: int) -> object:
+            def run(rgba: np.ndarray, region: object, damage: object) -> VideoFrame:
+                threads.append(threading.current_thread().name)
+                if tag < 2:
+                    meet.wait()  # a and b: both in flight at once, or this raises BrokenBarrierError
+                if tag == 2:
+                    raise RuntimeError("c's conversion failed")
+                img = np.full((16, 16, 3), tag, np.uint8)
+                return VideoFrame.from_ndarray(img, format="rgb24")
+
+            return run
+
+        results = await asyncio.gather(
+            *(pool.render(PROFILE, pose, finish_tagged(i), asker=s) for i, s in enumerate((a, b, c))),  # type: ignore[arg-type]
+            return_exceptions=True,
+        )
+        assert pool.batches == 4, "the three frames came from one render"
+        got_a, got_b, got_c = results
+        assert isinstance(got_a, VideoFrame) and got_a.to_ndarray(format="rgb24")[0, 0, 0] == 0
+        assert isinstance(got_b, VideoFrame) and got_b.to_ndarray(format="rgb24")[0, 0, 0] == 1
+        assert isinstance(got_c, RuntimeError)
+        assert len(threads) == 3 and all(name.startswith("render-finish") for name in threads)
+    finally:
+        pool.close()
+
+
 def test_every_sessions_frames_fall_on_one_grid() -> None:
     fps = 30
     firsts = []
