@@ -201,6 +201,8 @@ async def test_the_stall_watch_names_a_render_or_a_sender_that_holds_a_frame_pas
     finally:
         held.set()
         blocker.join()
+    clock.advance(5.0)  # no frame asked for in over 5 s: the sender stopped (its peer gone), no stall
+    assert track.stalled() is None
     track.stop()
     assert track.stalled() is None
     # a render that hangs past its frame's due time (frame 1, started ahead when frame 0 was handed over)
