@@ -42,9 +42,8 @@ log = logging.getLogger(__name__)
 
 VIDEO_CLOCK = 90000
 FAILURE_LOG_S = 5.0  # a render that keeps failing is logged at most this often
-DROP_LOG_S = (
-    5.0  # frames dropped as late are logged at most this often a track (the count since, at the next)
-)
+DROP_LOG_S = 5.0  # frames dropped as late are logged at most this often a track
+SENDER_GONE_S = 5.0  # a sender that has not asked for a frame in this long has stopped (not a stall)
 
 
 def on_grid(clock: Clock, fps: int) -> float:
@@ -188,13 +187,15 @@ class IdolVideoTrack(TappedTrack):
 
     def stalled(self) -> tuple[str, float] | None:
         """(phase, seconds) when the frame in hand is overdue: its render past its due time ("render"), or
-        aiortc holding the frame before (encoding, sending) more than a frame period ("sender")."""
+        aiortc holding the frame before (encoding, sending) more than a frame period, up to ``SENDER_GONE_S``
+        ("sender")."""
         phase, now = self._phase, self.clock.now()
         if phase == "render" and now > self._due:
             return phase, now - self._due
-        if phase == "sender" and now - self._handed > 1.0 / self.fps:
-            return phase, now - self._handed
-        return None
+        held = now - self._handed
+        if phase == "sender" and 1.0 / self.fps < held <= SENDER_GONE_S:
+            return phase, held
+        return None  # on time, or a sender that stopped asking (its peer gone, its session about to close)
 
     async def _render(self, t: float) -> tuple[VideoFrame, dict[str, VideoFrame]]:
         frame = await self.source.frame_at(t)
