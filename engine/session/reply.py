@@ -143,7 +143,7 @@ async def run_reply(turn: UserTurn, ctx: ReplyContext, timings: TurnTimings, res
     async def speak() -> None:
         while (chunk := await chunks.get()) is not None:
             with stage("tts"):
-                synth = await ctx.tts.synthesize(chunk.text)
+                synth = await ctx.tts.synthesize(chunk.text, first=chunk.index == 0)
             if len(synth.pcm) == 0:
                 continue
             timings.mark("tts_first_audio", clock.now())

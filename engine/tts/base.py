@@ -21,8 +21,9 @@ class Synthesis:
 
 
 class TTS(Protocol):
-    async def synthesize(self, text: str) -> Synthesis:
-        """Synthesize in a worker thread; never blocks the event loop."""
+    async def synthesize(self, text: str, first: bool = False) -> Synthesis:
+        """Synthesize in a worker thread; never blocks the event loop. ``first``: a reply's first chunk
+        (the host waits in silence for it): where sessions share the voice it goes before their later ones."""
         ...
 
     def describe(self) -> str: ...

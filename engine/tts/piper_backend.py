@@ -4,12 +4,12 @@ The voice is loaded once with an extra ONNX output exposing the per-phoneme-id s
 counts (``PiperVoice.load(..., include_alignments=True)`` marks the duration tensor
 ``w_ceil`` as a graph output in memory; without it ``phoneme_alignments`` stays None).
 Synthesis runs on one dedicated worker thread, so calls are serialized and never block
-the event loop.
+the event loop; the sessions' calls wait in one queue where a reply's first chunk goes before other
+replies' later chunks (``engine/tts/jobs.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -21,11 +21,11 @@ import numpy as np
 
 from engine.cores import usable_cores
 from engine.errors import ConfigError
-from engine.native import model_executor
 from engine.progress import Progress, timed
 from engine.tts import alignment
 from engine.tts.base import OUTPUT_RATE, TTS, Synthesis
 from engine.tts.config import TTSConfig
+from engine.tts.jobs import FIRST, LATER, VoiceQueue
 from engine.tts.resample import output_length, resample_int16
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class PiperTTS:
         self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
         self.has_alignments = len(voice.session.get_outputs()) > 1
         self.device = "cuda" if CUDA_PROVIDER in voice.session.get_providers() else "cpu"
-        self._executor = model_executor(1, "piper")
+        self._queue = VoiceQueue(1, "piper")
         self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
 
     @property
@@ -102,15 +102,19 @@ class PiperTTS:
         al = "with alignments" if self.has_alignments else "no alignments"
         return f"piper {self._name} ({self.device}, {self._rate} Hz -> {OUTPUT_RATE} Hz, {al})"
 
-    async def synthesize(self, text: str) -> Synthesis:
-        """Synthesize ``text`` on the worker thread; empty or punctuation-only text gives an empty result."""
+    async def synthesize(self, text: str, first: bool = False) -> Synthesis:
+        """Synthesize ``text`` on the worker thread; empty or punctuation-only text gives an empty result.
+        ``first``: a reply's first chunk, served before the other sessions' later chunks waiting."""
         if not speakable(text):
             return _empty()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.synthesize_blocking, text)
+        return await self._queue.run(lambda: self.synthesize_blocking(text), FIRST if first else LATER)
+
+    def waiting(self) -> int:
+        """Syntheses queued behind the one running."""
+        return self._queue.waiting()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._queue.close()
 
     # ---- worker thread ---------------------------------------------------------------
 

@@ -129,9 +129,9 @@ class _SlowTTS:
     def __init__(self, real: Any, delay_s: float) -> None:
         self.real, self.delay_s = real, delay_s
 
-    async def synthesize(self, text: str) -> Synthesis:
+    async def synthesize(self, text: str, first: bool = False) -> Synthesis:
         await asyncio.sleep(self.delay_s)
-        return await self.real.synthesize(text)  # type: ignore[no-any-return]
+        return await self.real.synthesize(text, first)  # type: ignore[no-any-return]
 
     def describe(self) -> str:
         return "slow"

@@ -45,7 +45,7 @@ class ScriptedLLM:
 
 
 class SilentTTS:
-    async def synthesize(self, text: str) -> Synthesis:
+    async def synthesize(self, text: str, first: bool = False) -> Synthesis:
         return Synthesis(pcm=np.zeros(0, np.int16), phonemes=(), words=())
 
     def describe(self) -> str:

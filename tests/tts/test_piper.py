@@ -150,6 +150,62 @@ async def test_synthesize_runs_off_the_event_loop_and_concurrently(tts: PiperTTS
     assert [w.word for w in results[1].words] == ["Three!"]
 
 
+class _Spy:
+    """The texts the voice's worker synthesizes, in order (the real synthesis runs), and an event set as the
+    worker takes its first job."""
+
+    def __init__(self, tts: PiperTTS) -> None:
+        self.order: list[str] = []
+        self.taken = threading.Event()
+        original = tts.synthesize_blocking
+
+        def spy(text: str) -> Synthesis:
+            self.order.append(text)
+            self.taken.set()
+            return original(text)
+
+        tts.synthesize_blocking = spy  # type: ignore[method-assign]
+
+    async def until_taken(self) -> None:
+        assert await asyncio.to_thread(self.taken.wait, 10.0)
+
+
+async def test_a_replys_first_chunk_goes_before_other_replies_later_chunks(tts: PiperTTS) -> None:
+    """Sessions share the voice: while it speaks one reply's chunk, another's later chunk and a third's first
+    chunk wait; the first chunk is synthesized next, though it was asked for last."""
+    spy = _Spy(tts)
+    try:
+        running = asyncio.ensure_future(
+            tts.synthesize("This is a longer sentence that keeps the voice busy for a while, surely.")
+        )
+        await spy.until_taken()
+        later = asyncio.ensure_future(tts.synthesize("And then the rest of that answer."))
+        first = asyncio.ensure_future(tts.synthesize("Oh, hi!", first=True))
+        await asyncio.sleep(0)
+        assert tts.waiting() == 2
+        await asyncio.gather(running, later, first)
+    finally:
+        del tts.synthesize_blocking
+    assert spy.order[1:] == ["Oh, hi!", "And then the rest of that answer."]
+
+
+async def test_a_chunk_cancelled_before_the_voice_took_it_is_never_synthesized(tts: PiperTTS) -> None:
+    """A barge-in cancels the reply: its chunk still waiting in the voice's queue is skipped."""
+    spy = _Spy(tts)
+    try:
+        running = asyncio.ensure_future(tts.synthesize("Something to say for a little while, I think."))
+        await spy.until_taken()
+        cut = asyncio.ensure_future(tts.synthesize("Words nobody will hear."))
+        after = asyncio.ensure_future(tts.synthesize("Next!"))
+        await asyncio.sleep(0)
+        cut.cancel()
+        await asyncio.gather(running, after)
+        assert cut.cancelled()
+    finally:
+        del tts.synthesize_blocking
+    assert spy.order[1:] == ["Next!"]
+
+
 def test_length_scale_slows_speech(tts: PiperTTS) -> None:
     slow = PiperTTS(tts._voice, "joe", length_scale=1.5)
     fast = PiperTTS(tts._voice, "joe", length_scale=0.8)
