@@ -181,6 +181,7 @@ for s in r["per_session"]:
     print(s["index"], "v2v", s["voice_to_voice_ms"], "unanswered", s["unanswered"], "fps", s["fps_mean"],
           s["fps_min_1s"], "(media", s.get("fps_min_1s_media"), "network", s.get("fps_min_1s_network"), ")",
           "lowest at", s.get("fps_min_1s_unix"), "media", s.get("fps_min_1s_media_unix"),
+          "rtp", s.get("rtp_received"),
           "lipsync", s["lipsync_offset_ms"], "client loop lag", s.get("client_loop_lag_ms"),
           s["error"] or "")
 stages = r["pooled"].pop("stages_ms", {})

@@ -120,6 +120,7 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         "v2v_ms": [t.get("voice_to_voice_ms") for t in turns],
         "lipsync_replies_ms": [r["offset_ms"] for r in result.get("lipsync_per_reply", [])],
         "client_loop_lag_ms": result.get("client_loop_lag_ms"),
+        "rtp_received": result.get("rtp_received") or {},
         # each turn's stages from the end of speech (the engine's timings: end of turn, LLM first token,
         # first chunk, TTS first audio, sent): where a session's voice-to-voice went
         "stages_ms": [t.get("stages_ms") or {} for t in turns],
@@ -158,6 +159,9 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
         "client_loop_lag_max_ms": max(lags, default=None),
         "stages_ms": pooled_stages(per_session),
+        "video_packets_lost": sum(
+            (s.get("rtp_received") or {}).get("video", {}).get("lost", 0) for s in per_session
+        ),
     }
 
 

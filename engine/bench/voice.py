@@ -224,6 +224,23 @@ class EngineConnection:
             if r.status >= 300:
                 raise RuntimeError(f"say refused: {r.status} {await r.text()}")
 
+    async def inbound_rtp(self) -> dict[str, dict[str, int]]:
+        """What arrived per kind, by RTP sequence numbers: packets received and lost (aiortc's receiver
+        stats; a frame missing here was lost on the way or at this client's socket, not at the engine)."""
+        from aiortc.stats import RTCInboundRtpStreamStats
+
+        out: dict[str, dict[str, int]] = {}
+        try:
+            report = await self.pc.getStats()
+        except Exception:  # noqa: BLE001 - a closed or failed peer has none
+            return out
+        for stat in report.values():
+            if isinstance(stat, RTCInboundRtpStreamStats):
+                seen = out.setdefault(stat.kind, {"received": 0, "lost": 0})
+                seen["received"] += int(stat.packetsReceived)
+                seen["lost"] += max(0, int(stat.packetsLost))
+        return out
+
     async def close(self) -> None:
         await self._owner.cancel_all()
         await self.pc.close()
@@ -421,6 +438,7 @@ async def run_voice_bench(
         lag_watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await lag_watch
+        rtp = await conn.inbound_rtp()
         await conn.close()
     v2v = [t.voice_to_voice_ms for t in turns if t.voice_to_voice_ms is not None]
     unanswered = [{"question": t.question, "why": t.unanswered} for t in turns if t.unanswered]
@@ -441,6 +459,7 @@ async def run_voice_bench(
         "uplink_ms": summarize([t.uplink_ms for t in turns if t.uplink_ms is not None]),
         "downlink_ms": summarize([t.downlink_ms for t in turns if t.downlink_ms is not None]),
         "client_loop_lag_ms": loop_lag.summary_ms(),
+        "rtp_received": rtp,  # per kind: packets received and lost by sequence number
         "silences_in_replies": silences_in_replies(turns),
         **video,
         "turns": [t.__dict__ for t in turns],

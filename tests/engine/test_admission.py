@@ -117,7 +117,15 @@ async def test_clients_spread_over_processes_are_measured_like_in_process_ones(
     assert [s["index"] for s in report["per_session"]] == [0, 1]
     for s in report["per_session"]:
         assert not s["error"] and s["unanswered"] == 0 and s["voice_to_voice_ms"]["n"] == 1, s
+        # what arrived by RTP sequence numbers: her audio, nothing lost on loopback
+        audio = s["rtp_received"]["audio"]
+        assert audio["received"] > 50 and audio["lost"] == 0, s["rtp_received"]
+        [stages] = s["stages_ms"]  # the one turn's stages, from the engine's timings
+        assert 0 < stages["end_of_turn"] < stages["first_audio_sent"] < s["voice_to_voice_ms"]["max"], stages
     assert report["pooled"]["voice_to_voice_ms"]["n"] == 2
+    assert report["pooled"]["stages_ms"]["first_audio_sent"]["n"] == 2
+    [end] = report["engine_capacities_end"]  # the engine read again after the sessions ended
+    assert end is not None and end["sessions"] == 0 and end["event_loop_lag_ms"]["worst"] is not None
     host = report["host_cpu"]  # the box's CPU while the sessions ran: engine, clients and all
     assert host is not None and host["busy_cores"] > 0.1, host
     assert abs(sum(v for k, v in host.items() if k in CPU_TIME_KINDS) - 1.0) < 0.01
