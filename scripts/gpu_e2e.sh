@@ -34,7 +34,8 @@
 # message); both write
 # $OUT/sessions.json instead of bench.json and skip the single-session report. VERBOSE=1: the single-session
 # bench and its engine log at debug level (each pause's speculation and turn-end judgement) into bench.log.
-# STALL_MS: an engine's video stall report threshold (server.stall_report_ms, 250 here; 0 = off).
+# STALL_MS: an engine's video stall report threshold (server.stall_report_ms, 250 here; 0 = off). MPS=1 (many
+# sessions): the engines share the GPU through NVIDIA's MPS daemon, started and stopped by the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -157,7 +158,19 @@ bench)
     export IDOLCAST_VAD__PAUSE_MS=${PAUSE_MS:-64}
     { env | grep '^IDOLCAST_' | sort; python3 -m engine.cli config show; } > "$OUT/config.txt" 2>&1
     if [ -n "${FIND_CAPACITY:-}" ] || [ "${SESSIONS:-1}" -gt 1 ]; then
-        if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY" ${PROBE:+--probe "$PROBE"});
+        # MPS=1: the engines' kernels run side by side on the GPU through NVIDIA's MPS daemon (started here
+        # on a pipe folder of our own, so only this run's processes use it; stopped at the end), instead of
+        # the driver time-slicing between processes. The GPU's own settings are not touched.
+        MPS_STARTED=""
+        if [ -n "${MPS:-}" ]; then
+            if command -v nvidia-cuda-mps-control > /dev/null; then
+                export CUDA_MPS_PIPE_DIRECTORY=$STORE/mps/pipe CUDA_MPS_LOG_DIRECTORY=$STORE/mps/log
+                mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+                nvidia-cuda-mps-control -d && MPS_STARTED=1 && echo "MPS daemon started"
+            else
+                echo "MPS=1: nvidia-cuda-mps-control is not on this machine; the engines share the GPU by time-slicing"
+            fi
+        fi MANY=(--find-capacity --max-probe "$FIND_CAPACITY" ${PROBE:+--probe "$PROBE"});
         else MANY=(--sessions "$SESSIONS"); fi
         # 20 s before the limit, the engine dumps every thread's and task's stack (engine/server/diagnostics.py)
         ( sleep $(( ${BENCH_TIMEOUT:-540} - 20 )); pkill -USR1 -f "engine.cli serve"
@@ -168,6 +181,7 @@ bench)
             --sl-min-fps "${SL_MIN_FPS:-27}" ${ICE_DEBUG:+--client-ice-debug} --json > "$OUT/sessions.json" 2> "$OUT/sessions.log"
         echo "bench exit $?"
         kill "$DUMPER" 2> /dev/null
+        if [ -n "$MPS_STARTED" ]; then echo quit | nvidia-cuda-mps-control && echo "MPS daemon stopped"; fi
         tail -5 "$OUT/sessions.log"
         # the engines' word on their video: frames dropped as late, stalls with the busy threads' stacks
         # (server.stall_report_ms; STALL_MS here, 250 by default); the log travels compressed
