@@ -170,7 +170,8 @@ bench)
             else
                 echo "MPS=1: nvidia-cuda-mps-control is not on this machine; the engines share the GPU by time-slicing"
             fi
-        fi MANY=(--find-capacity --max-probe "$FIND_CAPACITY" ${PROBE:+--probe "$PROBE"});
+        fi
+        if [ -n "${FIND_CAPACITY:-}" ]; then MANY=(--find-capacity --max-probe "$FIND_CAPACITY" ${PROBE:+--probe "$PROBE"});
         else MANY=(--sessions "$SESSIONS"); fi
         # 20 s before the limit, the engine dumps every thread's and task's stack (engine/server/diagnostics.py)
         ( sleep $(( ${BENCH_TIMEOUT:-540} - 20 )); pkill -USR1 -f "engine.cli serve"
