@@ -53,7 +53,7 @@ class VoiceQueue:
         fut: Future[T] = Future()
         with self._lock:
             if self._closed:
-                raise RuntimeError("the voice's queue is closed")
+                raise RuntimeError("the voice's queue is closed (after shutdown): no synthesis")
             if not self._started:  # the workers start with the first job
                 self._started = True
                 for t in self._threads:
