@@ -497,7 +497,9 @@ def video_report(conn: EngineConnection, replies: list[tuple[float, float]]) -> 
     report["fps_min_1s_unix"] = round(to_unix + conn.clock.origin + at, 2) if at is not None else None
     at = media.get("fps_min_1s_at")
     origin = conn.engine_origin
-    report["fps_min_1s_media_unix"] = round(to_unix + origin + at, 2) if at is not None and origin else None
+    report["fps_min_1s_media_unix"] = (
+        round(to_unix + origin + at, 2) if at is not None and origin is not None else None
+    )
     # ... and on the arrival of each frame's last packet, before the client's decoder: low only in the first
     # figure, the client (decoding on the same cores as the engine) read them late.
     report["fps_min_1s_network"] = frame_rate(conn.frame_arrivals.times, until=until)["fps_min_1s"]

@@ -84,7 +84,6 @@ class StallWatch:
         self.interval_s = interval_s
         self.cooldown_s = cooldown_s
         self.now = now
-        self.reports = 0
         self.stalls = 0  # stalls seen, reported or not (each counted once, at its first look)
         self._reported_at = -float("inf")
         self._in_stall: set[str] = set()
@@ -126,13 +125,11 @@ class StallWatch:
             if found is not None and found[1] >= self.threshold_s:
                 stalled.append((name, *found))
         names = {name for name, _, _ in stalled}
-        self.stalls += len(names - self._in_stall)
-        new = names - self._in_stall
-        self._in_stall = names
+        new, self._in_stall = names - self._in_stall, names
+        self.stalls += len(new)
         if not new or now - self._reported_at < self.cooldown_s:
             return None
         self._reported_at = now
-        self.reports += 1
         what = ", ".join(f"session {name}: {phase} for {s * 1000:.0f} ms" for name, phase, s in stalled)
         report = f"video stalled ({what}); the busy threads now:\n{thread_stacks()}"
         log.warning("%s", report)

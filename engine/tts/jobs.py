@@ -44,10 +44,6 @@ class VoiceQueue:
             for i in range(max(1, workers))
         ]
 
-    @property
-    def workers(self) -> int:
-        return len(self._threads)
-
     def submit(self, fn: Callable[[], T], urgency: int = LATER) -> Future[T]:
         """Queue ``fn``; its future (cancel it to have it skipped if no worker has taken it yet)."""
         fut: Future[T] = Future()

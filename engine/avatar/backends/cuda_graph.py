@@ -105,8 +105,9 @@ class CudaGraphBackend:
 
     def render_tensor(self, params: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Frames left on the device: uint8 ``[B, H, W, 4]`` for ``B ≤ max_batch`` rows (a view of the
-        bucket's output, overwritten by the next replay of any bucket: they share a pool), written on :attr:`stream`: another stream that
-        reads them waits for it first (``other.wait_stream(backend.stream)``)."""
+        bucket's output, overwritten by the next replay of any bucket: they share a pool), written on
+        :attr:`stream`: another stream that reads them waits for it first
+        (``other.wait_stream(backend.stream)``)."""
         p = torch.as_tensor(params, dtype=torch.float32).reshape(-1, NUM_PARAMS)
         if p.shape[0] > self.max_batch:
             raise ValueError(f"{p.shape[0]} rows in one replay; at most {self.max_batch} (use render)")
