@@ -7,6 +7,7 @@
 #   here, once:  python -m engine.bench.gpu_carry            # fills .whl/ .gpu/ .voice/ (ignored folders)
 #   call 1:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh checks
 #   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh stash
+#                (or [".voice-xz"]: the voice xz-compressed, 58 MB; docs/PERFORMANCE.md "The next device run")
 #   call 3:      carry [".whl2"]         bash scripts/gpu_e2e.sh bench
 #
 # With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
@@ -89,7 +90,7 @@ stash)
     mkdir -p "$STORE/voice"
     if [ -d .voice ]; then cp .voice/* "$STORE/voice/" && echo "stashed .voice"; fi
     # the voice xz-compressed (58 MB: it fits one call beside the tree, with nothing else): .voice-xz
-    if ls .voice-xz/*.onnx.xz > /dev/null 2>&1; then
+    if [ -f .voice-xz/en_US-joe-medium.onnx.xz ]; then
         python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
             .voice-xz/en_US-joe-medium.onnx.xz "$STORE/voice/en_US-joe-medium.onnx" \
             && cp .voice-xz/*.json "$STORE/voice/" && echo "stashed .voice-xz: the voice is whole"
