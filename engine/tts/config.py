@@ -33,6 +33,14 @@ class TTSConfig(BaseModel):
         "others), else half the cores, at most 8 (a short clause on the H200 host: ~200 ms on 1 thread, ~90 ms "
         "on 4, ~60 ms on 8)",
     )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=8,
+        description="voice workers, each with its own ONNX session (and tts.threads threads): the engine's "
+        "sessions' chunks are synthesized this many at once instead of one after another (for an engine "
+        "serving several sessions on a many-core box; 1 on a small machine)",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto",
         description="where the voice runs: 'cuda' = ONNX Runtime's CUDA provider (the onnxruntime-gpu package; "

@@ -3,16 +3,23 @@
 The voice is loaded once with an extra ONNX output exposing the per-phoneme-id sample
 counts (``PiperVoice.load(..., include_alignments=True)`` marks the duration tensor
 ``w_ceil`` as a graph output in memory; without it ``phoneme_alignments`` stays None).
-Synthesis runs on one dedicated worker thread, so calls are serialized and never block
-the event loop; the sessions' calls wait in one queue where a reply's first chunk goes before other
-replies' later chunks (``engine/tts/jobs.py``).
+Synthesis runs on dedicated worker threads (``tts.workers``, one by default), never on the event loop;
+the sessions' calls wait in one queue where a reply's first chunk goes before other replies' later
+chunks (``engine/tts/jobs.py``). Each worker has its own ONNX session of the voice, so several sessions'
+chunks can be synthesized at once; espeak-ng (the phonemizer, one global state in the process) is
+taken by one worker at a time.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
+import queue
+import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,14 +81,41 @@ class SourceSpeech:
     counted_samples: int  # the sum of the per-phoneme-id sample counts (== len(pcm) when aligned)
 
 
+def _serialize_phonemizer(voice: Any, lock: threading.Lock) -> None:
+    """Have ``voice`` phonemize under ``lock`` (espeak-ng keeps one global state in the process)."""
+    plain = voice.phonemize
+
+    def phonemize(text: str) -> list[list[str]]:
+        with lock:
+            result: list[list[str]] = plain(text)
+            return result
+
+    voice.phonemize = phonemize
+
+
 class PiperTTS:
-    """A loaded Piper voice. ``synthesize`` is safe to call from many tasks at once."""
+    """A loaded Piper voice. ``synthesize`` is safe to call from many tasks at once.
+
+    ``sessions``: further ONNX sessions of the same voice, one a further worker (``tts.workers``)."""
 
     def __init__(
-        self, voice: Any, name: str, length_scale: float = 1.0, speaker_id: int | None = None
+        self,
+        voice: Any,
+        name: str,
+        length_scale: float = 1.0,
+        speaker_id: int | None = None,
+        sessions: Sequence[Any] = (),
     ) -> None:
         from piper import SynthesisConfig
 
+        copies = [copy.copy(voice) for _ in sessions]  # before ``voice`` is changed below
+        for twin, session in zip(copies, sessions, strict=True):
+            twin.session = session
+        espeak = threading.Lock()
+        self._voices: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for v in (voice, *copies):
+            _serialize_phonemizer(v, espeak)
+            self._voices.put(v)
         self._voice = voice
         self._name = name
         self._rate = int(voice.config.sample_rate)
@@ -91,7 +125,8 @@ class PiperTTS:
         self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
         self.has_alignments = len(voice.session.get_outputs()) > 1
         self.device = "cuda" if CUDA_PROVIDER in voice.session.get_providers() else "cpu"
-        self._queue = VoiceQueue(1, "piper")
+        self._queue = VoiceQueue(1 + len(copies), "piper")
+        self.workers = 1 + len(copies)
         self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
 
     @property
@@ -136,7 +171,9 @@ class PiperTTS:
         sentences: list[list[alignment.Unit]] = []
         offset = group = counted = 0
         aligned = True
-        for chunk in self._voice.synthesize(text, syn_config=self._syn, include_alignments=True):
+        with self._a_voice() as voice:
+            chunks = list(voice.synthesize(text, syn_config=self._syn, include_alignments=True))
+        for chunk in chunks:
             audio = chunk.audio_int16_array
             tokens = None
             if chunk.phoneme_id_samples is not None:
@@ -159,6 +196,15 @@ class PiperTTS:
             units = [alignment.Unit(u.phoneme, max(0, u.start - cut), u.end - cut, u.group) for u in units]
             counted -= cut if aligned else 0
         return SourceSpeech(text=text, pcm=pcm, rate=self._rate, units=units, counted_samples=counted)
+
+    @contextmanager
+    def _a_voice(self) -> Iterator[Any]:
+        """One of the voice's sessions, free of other workers (as many as workers: no wait in the queue)."""
+        voice = self._voices.get()
+        try:
+            yield voice
+        finally:
+            self._voices.put(voice)
 
     def to_output(self, source: SourceSpeech) -> Synthesis:
         """Resample to :data:`OUTPUT_RATE` and scale the alignments with it; add word spans."""
@@ -275,20 +321,26 @@ def load_piper(config: TTSConfig, progress: Progress) -> PiperTTS:
         from piper import PiperVoice
 
         voice = PiperVoice.load(model, config_path=config_path, include_alignments=True)
-        voice.session = _session_with_threads(
-            model, voice_threads(config.threads), config.spinning, config.device
-        )
+        threads = voice_threads(config.threads)
+        voice.session = _session_with_threads(model, threads, config.spinning, config.device)
+        more = [
+            _session_with_threads(model, threads, config.spinning, config.device)
+            for _ in range(config.workers - 1)
+        ]
         speakers = int(voice.config.num_speakers)
         if config.speaker_id is not None and not 0 <= config.speaker_id < max(speakers, 1):
             raise ConfigError(
                 f"tts.speaker_id: {config.speaker_id} out of range; {name} has {speakers} speaker(s)"
             )
-        tts = PiperTTS(voice, name, length_scale=config.length_scale, speaker_id=config.speaker_id)
+        tts = PiperTTS(
+            voice, name, length_scale=config.length_scale, speaker_id=config.speaker_id, sessions=more
+        )
         if not tts.has_alignments:
             log.warning(
                 "%s: no alignment output (is the onnx package installed?); lip-sync gets no phonemes", name
             )
-        tts.to_output(tts.speak_source("Hello."))  # warm-up: the first run is several times slower
+        for _ in range(tts.workers):  # warm-up, each session: the first run is several times slower
+            tts.to_output(tts.speak_source("Hello."))
     return tts
 
 

@@ -266,3 +266,36 @@ def test_asking_for_cuda_without_its_provider_is_a_clear_error(tts: PiperTTS) ->
     with pytest.raises(ConfigError, match=r"tts.device = 'cuda'.*onnxruntime-gpu"):
         load_tts(TTSConfig(device="cuda"), silent_progress)
     assert tts.device == "cpu" and "(cpu," in tts.describe()  # 'auto' here: the CPU
+
+
+def test_two_workers_synthesize_two_sessions_chunks_at_once() -> None:
+    """``tts.workers = 2``: two chunks asked for together are synthesized side by side, each on its own
+    ONNX session, and both keep their alignments (the phonemizer is shared under a lock)."""
+    two = load_tts(TTSConfig(workers=2), silent_progress)
+    assert isinstance(two, PiperTTS) and two.workers == 2
+    spans: dict[str, tuple[float, float, int]] = {}
+    original = two.speak_source
+
+    def timed(text: str) -> SourceSpeech:
+        import time
+
+        began = time.perf_counter()
+        src = original(text)
+        spans[text] = (began, time.perf_counter(), threading.get_ident())
+        return src
+
+    two.speak_source = timed  # type: ignore[method-assign]
+    texts = ["This sentence keeps one worker busy for a good while, surely.", "And this one keeps the other."]
+
+    async def both() -> list[Synthesis]:
+        return list(await asyncio.gather(*(two.synthesize(t) for t in texts)))
+
+    try:
+        results = asyncio.run(both())
+    finally:
+        two.close()
+    (a0, a1, ta), (b0, b1, tb) = spans[texts[0]], spans[texts[1]]
+    assert ta != tb and a0 < b1 and b0 < a1  # two threads, overlapping in time
+    for text, syn in zip(texts, results, strict=True):
+        assert len(syn.pcm) > 0 and [w.word for w in syn.words] == text.split()
+        assert syn.phonemes and syn.phonemes[-1].end_s <= len(syn.pcm) / OUTPUT_RATE + 1e-6
