@@ -45,6 +45,11 @@ class TranscriptStream(Protocol):
         """The end of the turn: reuse the speculative decode if no audio arrived since."""
         ...
 
+    @property
+    def final_cost(self) -> dict[str, float | bool] | None:
+        """Where the last ``final``'s time went, ms (``engine/asr/stream.py``); None before one."""
+        ...
+
 
 class ASRModel(Protocol):
     def new_stream(self) -> TranscriptStream: ...

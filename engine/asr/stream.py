@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -53,10 +54,33 @@ class DecodingModel(Protocol[D_co]):
 
 
 @dataclass(slots=True)
+class _Wait:
+    """One decode's wait for a worker and its run there, ms (filled in by the worker)."""
+
+    submitted: float = field(default_factory=time.perf_counter)
+    queued_ms: float | None = None
+    decode_ms: float | None = None
+
+
+def _timed_decode(decoder: Decoder[D], chunks: Sequence[np.ndarray], wait: _Wait) -> D:
+    began = time.perf_counter()
+    wait.queued_ms = (began - wait.submitted) * 1000
+    try:
+        return _decode_chunks(decoder, chunks)
+    finally:
+        wait.decode_ms = (time.perf_counter() - began) * 1000
+
+
+# what a backend's decode may say of itself (the transformers backend's TorchDecode), copied into final_cost
+DECODE_COSTS = ("encode_ms", "generate_ms", "tokens", "window_s")
+
+
+@dataclass(slots=True)
 class _Speculation(Generic[D]):
     samples: int  # buffer length it decoded
     generation: int
     future: asyncio.Future[D]
+    wait: _Wait
 
 
 def _decode_chunks(decoder: Decoder[D], chunks: Sequence[np.ndarray]) -> D:
@@ -69,13 +93,15 @@ class SpeculativeStream(Generic[D]):
 
     ``decodes`` counts the model decodes this stream has started (an observable
     for tests and metrics). ``partial`` returns the last result instead of
-    decoding while another decode of this stream is in flight.
+    decoding while another decode of this stream is in flight. ``final_cost``: where the last
+    ``final``'s time went (see :meth:`final`).
     """
 
     def __init__(self, asr: DecodingModel[D]) -> None:
         self._asr = asr
         self.decodes = 0
         self.last_decode: D | None = None
+        self.final_cost: dict[str, float | bool] | None = None
         self._generation = 0
         self.reset()
 
@@ -113,13 +139,13 @@ class SpeculativeStream(Generic[D]):
             self._chunks.append(piece)
             self._samples += len(piece)
 
-    def _submit(self, final: bool = False) -> asyncio.Future[D]:
+    def _submit(self, final: bool = False, wait: _Wait | None = None) -> asyncio.Future[D]:
         loop = asyncio.get_running_loop()
         chunks = tuple(self._chunks)
         self.decodes += 1
         self._in_flight += 1
         executor = getattr(self._asr, "final_executor", self._asr.executor) if final else self._asr.executor
-        future = loop.run_in_executor(executor, _decode_chunks, self._asr.decoder, chunks)
+        future = loop.run_in_executor(executor, _timed_decode, self._asr.decoder, chunks, wait or _Wait())
         generation = self._generation
 
         def done(_: asyncio.Future[D]) -> None:
@@ -155,7 +181,8 @@ class SpeculativeStream(Generic[D]):
             return
         spec = self._speculation
         if spec is None or spec.samples != self._samples or spec.generation != self._generation:
-            spec = _Speculation(self._samples, self._generation, self._submit(final=True))
+            wait = _Wait()
+            spec = _Speculation(self._samples, self._generation, self._submit(final=True, wait=wait), wait)
             self._speculation = spec
         try:
             await asyncio.shield(spec.future)
@@ -179,19 +206,51 @@ class SpeculativeStream(Generic[D]):
         return Transcript(text=text, stable_text=text, audio_s=spec.samples / SAMPLE_RATE)
 
     async def final(self) -> Transcript:
-        """The end of the turn: reuse the speculative decode if no audio arrived since."""
+        """The end of the turn: reuse the speculative decode if no audio arrived since.
+
+        ``final_cost`` then says where its time went, ms: ``waited_ms`` (this call, from the end of the turn
+        to the transcript), ``speculated`` (the pause's decode was reused) and ``asked_ms`` (how long before
+        this call that decode was asked for), the decode's ``queued_ms`` (waiting for a worker: other
+        sessions' decodes) and ``decode_ms``, and what the backend tells of it (``encode_ms``,
+        ``generate_ms``, ``tokens``, ``window_s``)."""
         samples, generation = self._samples, self._generation
         if samples == 0:
             return EMPTY
+        called = time.perf_counter()
         spec = self._speculation
         decode: D | None = None
+        wait: _Wait | None = None
         if spec is not None and spec.samples == samples and spec.generation == generation:
             try:
-                decode = await asyncio.shield(spec.future)
+                decode, wait = await asyncio.shield(spec.future), spec.wait
             except Exception:
                 log.warning("asr: speculative decode failed; decoding again")
+        speculated = decode is not None
         if decode is None:
-            decode = await asyncio.shield(self._submit(final=True))
+            wait = _Wait()
+            decode = await asyncio.shield(self._submit(final=True, wait=wait))
         self.last_decode = decode
+        self.final_cost = _final_cost(decode, wait, called, speculated)
         text = " ".join(decode.text.split())
         return Transcript(text=text, stable_text=text, audio_s=samples / SAMPLE_RATE)
+
+
+def _final_cost(
+    decode: DecodeResult, wait: _Wait | None, called: float, speculated: bool
+) -> dict[str, float | bool]:
+    cost: dict[str, float | bool] = {
+        "waited_ms": round((time.perf_counter() - called) * 1000, 1),
+        "speculated": speculated,
+    }
+    if wait is not None:
+        if speculated:
+            cost["asked_ms"] = round((called - wait.submitted) * 1000, 1)
+        for name in ("queued_ms", "decode_ms"):
+            value = getattr(wait, name)
+            if value is not None:
+                cost[name] = round(value, 1)
+    for name in DECODE_COSTS:
+        value = getattr(decode, name, None)
+        if isinstance(value, int | float):
+            cost[name] = round(float(value), 1)
+    return cost

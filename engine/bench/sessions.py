@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from engine.bench.stats import summarize
+from engine.bench.stats import summarize, summarize_costs
 from engine.bench.voice import Question, run_voice_bench
 from engine.cores import machine_cpu_times, usable_cores
 
@@ -124,6 +124,7 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         # each turn's stages from the end of speech (the engine's timings: end of turn, LLM first token,
         # first chunk, TTS first audio, sent): where a session's voice-to-voice went
         "stages_ms": [t.get("stages_ms") or {} for t in turns],
+        "asr_final": [t.get("asr") or {} for t in turns],  # each turn's final transcript's costs
     }
 
 
@@ -159,6 +160,7 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "lipsync_abs_p95_ms": summarize([abs(v) for v in lips])["p95"] if lips else None,
         "client_loop_lag_max_ms": max(lags, default=None),
         "stages_ms": pooled_stages(per_session),
+        "asr_final_ms": summarize_costs([c for s in per_session for c in s.get("asr_final", []) if c]),
         "video_packets_lost": sum(
             (s.get("rtp_received") or {}).get("video", {}).get("lost", 0) for s in per_session
         ),

@@ -19,3 +19,17 @@ def summarize(values: Sequence[float]) -> dict[str, float | int | None]:
         "max": round(float(a.max()), 1),
         "n": int(len(a)),
     }
+
+
+def summarize_costs(costs: Sequence[dict[str, float | bool]]) -> dict[str, object]:
+    """Turns' cost dicts (as the engine's ``final_cost``) pooled: each numeric entry summarized, each
+    yes/no entry as the share of turns that said yes."""
+    out: dict[str, object] = {"n": len(costs)}
+    names = sorted({k for c in costs for k in c})
+    for name in names:
+        values = [c[name] for c in costs if name in c]
+        if all(isinstance(v, bool) for v in values):
+            out[name] = round(sum(1 for v in values if v) / len(values), 3)
+        else:
+            out[name] = summarize([float(v) for v in values])
+    return out

@@ -19,7 +19,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from engine.asr.wer import word_error_rate
 from engine.bench.peer import QuestionTrack, ReceivedAudio, record_audio, speech_bounds
-from engine.bench.stats import summarize
+from engine.bench.stats import summarize, summarize_costs
 from engine.bench.video import (
     FrameArrivals,
     ReceivedVideo,
@@ -95,6 +95,7 @@ class TurnResult:
     timestamps: dict[str, Any] = field(default_factory=dict)
     barge_in_stop_ms: float | None = None
     turn_end: dict[str, Any] | None = None  # the engine's end-of-turn judgement (finished, p, method)
+    asr: dict[str, Any] | None = None  # the final transcript's costs (the engine's final_cost)
     unanswered: str = ""  # why no reply came (the engine heard no words, or nothing within the limit)
     reply: str = ""
     reply_window: tuple[float, float] | None = None  # receiver clock: first loud → quiet
@@ -287,6 +288,7 @@ async def ask(conn: EngineConnection, q: Question, limit_s: float = 60.0) -> Tur
     result.reply = completed.get("played_text", "")
     result.stages_ms = timings.get("relative_ms", {})
     result.turn_end = timings.get("turn_end")
+    result.asr = timings.get("asr")
     result.silences_ms = list(timings.get("silences_ms") or [])
     result.timestamps = {
         k: timings.get(k)
@@ -456,6 +458,8 @@ async def run_voice_bench(
         "client_jitter_frames": client_jitter_frames,
         "wer": round(wer, 4),
         "stages_ms": {s: summarize([t.stages_ms[s] for t in turns if s in t.stages_ms]) for s in stage_names},
+        # where the final transcript's time went after the end of the turn (waited, queued, decode, ...)
+        "asr_final_ms": summarize_costs([t.asr for t in turns if t.asr]),
         "uplink_ms": summarize([t.uplink_ms for t in turns if t.uplink_ms is not None]),
         "downlink_ms": summarize([t.downlink_ms for t in turns if t.downlink_ms is not None]),
         "client_loop_lag_ms": loop_lag.summary_ms(),

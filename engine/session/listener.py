@@ -323,6 +323,7 @@ class Listener:
         )
         timings = turn.timings
         timings.speech_end, timings.end_of_turn, timings.asr_final = speech_end, eot, now
+        timings.asr = utt.stream.final_cost
         if utt.pause_t:  # the last pause's timeline, also when its judgement came too late to count
 
             def after(t: float) -> float | None:

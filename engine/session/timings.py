@@ -36,6 +36,7 @@ class TurnTimings:
     early_reply: bool = False  # the reply started on the pause, before the end of the turn
     llm: dict[str, float] | None = None  # the in-process model's work (see reply._llm_stats)
     turn_end: dict[str, object] | None = None  # the pause's end-of-turn judgement (session/turn_end.py)
+    asr: dict[str, float | bool] | None = None  # the final transcript's costs (asr/stream.py final_cost)
     # silences inside the reply, ms: a chunk that reached the playout after the one before had ended
     silences_ms: list[float] = field(default_factory=list)
     error: str | None = None
@@ -94,7 +95,7 @@ class TurnMetrics:
         self.turns.labels(source=timings.source, outcome=outcome).inc()
         llm = timings.llm or {}
         log.info(
-            "turn %d (%s) %s%s: %s%s",
+            "turn %d (%s) %s%s: %s%s%s",
             timings.turn_id,
             timings.source,
             outcome,
@@ -107,7 +108,23 @@ class TurnMetrics:
                 if llm
                 else ""
             ),
+            asr_note(timings.asr),
         )
+
+
+def asr_note(cost: dict[str, float | bool] | None) -> str:
+    """The final transcript's costs for the turn's log line ('' where the stream told none)."""
+    if not cost:
+        return ""
+    how = "the pause's decode" if cost.get("speculated") else "decoded at the end"
+    parts = [
+        f"{name.removesuffix('_ms')} {cost[name]:.0f}ms"
+        for name in ("queued_ms", "decode_ms", "encode_ms", "generate_ms")
+        if name in cost
+    ]
+    if "tokens" in cost:
+        parts.append(f"{cost['tokens']:.0f} tokens")
+    return f" | asr final after {cost.get('waited_ms', 0):.0f}ms ({how}: {', '.join(parts)})"
 
 
 STAGE_FIELDS = tuple(f.name for f in fields(TurnTimings) if f.name in STAGES)

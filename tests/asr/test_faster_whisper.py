@@ -84,12 +84,19 @@ async def test_final_after_speculate_reuses_the_decode(asr: FasterWhisperASR) ->
     final = await stream.final()
     assert stream.decodes == 1
     assert "watching" in final.text.lower()
+    reused = stream.final_cost
+    assert reused is not None and reused["speculated"] is True
+    # the speculation had finished: the final only took it; its decode was timed on the worker
+    assert reused["asked_ms"] >= reused["decode_ms"] > 0 and reused["waited_ms"] < reused["decode_ms"]
 
     # new audio after the speculation: the final decodes again
     stream.append(padded("Right now?", lead=0.0))
     again = await stream.final()
     assert stream.decodes == 2
     assert again.audio_s > final.audio_s
+    decoded = stream.final_cost
+    assert decoded is not None and decoded["speculated"] is False and "asked_ms" not in decoded
+    assert decoded["waited_ms"] >= decoded["decode_ms"] + decoded["queued_ms"] - 1.0
 
 
 async def test_concurrent_calls_do_not_pile_up(asr: FasterWhisperASR) -> None:

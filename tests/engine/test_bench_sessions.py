@@ -66,6 +66,17 @@ def test_each_stage_is_pooled_over_every_sessions_turns() -> None:
     assert per[1]["stages_ms"] == [{"end_of_turn": 600.0}]
 
 
+def test_the_final_transcripts_costs_are_pooled_over_every_sessions_turns() -> None:
+    a, b = _client([900.0, 1000.0]), _client([1200.0])
+    a["turns"][0]["asr"] = {"waited_ms": 400.0, "speculated": True, "queued_ms": 300.0, "tokens": 9.0}
+    a["turns"][1]["asr"] = {"waited_ms": 20.0, "speculated": True, "queued_ms": 1.0, "tokens": 11.0}
+    b["turns"][0]["asr"] = {"waited_ms": 90.0, "speculated": False, "queued_ms": 2.0, "decode_ms": 80.0}
+    costs = pool([_session_entry(0, 2, a), _session_entry(1, 1, b)])["asr_final_ms"]
+    assert costs["n"] == 3 and costs["speculated"] == pytest.approx(2 / 3, abs=1e-3)
+    assert costs["waited_ms"]["max"] == 400.0 and costs["waited_ms"]["p50"] == 90.0
+    assert costs["decode_ms"]["n"] == 1 and costs["tokens"]["n"] == 2
+
+
 def test_a_session_without_video_breaks_the_fps_level_only_when_video_is_expected() -> None:
     per = [_session_entry(0, 2, _client([800.0, 900.0], None)), _session_entry(1, 2, _client([850.0, 950.0]))]
     p = pool(per)

@@ -235,6 +235,8 @@ async def test_finished_words_end_the_turn_sooner_trailing_words_wait(
             timings = (await collect_turn(c))[-1]["timings"]
             gaps[kind] = timings["relative_ms"]["end_of_turn"]
             judged[kind] = timings["turn_end"]
+            # the final transcript's costs reach the turn's timings (the pause's decode, reused)
+            assert timings["asr"]["speculated"] is True and timings["asr"]["decode_ms"] > 0, timings["asr"]
         assert judged["finished"]["method"] == "llm" and judged["finished"]["finished"] is True, judged
         assert judged["trailing"]["finished"] is False, judged
         # the finished question ends as soon as it is judged, before the 2.5 s silence (how soon is the

@@ -94,3 +94,13 @@ async def test_reply_tokens_are_the_guarded_text_never_the_models() -> None:
     for leaked in ("hate", "fans", "debug", "configuration"):
         assert leaked not in sent, tokens
     assert "welcome back" in sent  # the in-character part still streams
+
+
+def test_the_turns_log_line_says_where_the_final_transcripts_time_went() -> None:
+    from engine.session.timings import asr_note
+
+    note = asr_note(
+        {"waited_ms": 412.4, "speculated": True, "queued_ms": 301.0, "decode_ms": 95.2, "tokens": 9.0}
+    )
+    assert note == " | asr final after 412ms (the pause's decode: queued 301ms, decode 95ms, 9 tokens)"
+    assert asr_note(None) == "" and "decoded at the end" in asr_note({"waited_ms": 80.0, "speculated": False})

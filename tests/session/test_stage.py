@@ -151,6 +151,8 @@ class _HearsNothing:
             def settled(self) -> Transcript | None:
                 return empty
 
+            final_cost = None
+
             async def final(self) -> Transcript:
                 return empty
 
