@@ -62,11 +62,12 @@ class _Wait:
     decode_ms: float | None = None
 
 
-def _timed_decode(decoder: Decoder[D], chunks: Sequence[np.ndarray], wait: _Wait) -> D:
+def _decode_chunks(decoder: Decoder[D], chunks: Sequence[np.ndarray], wait: _Wait) -> D:
+    """The worker's side of a decode: the chunks as one buffer, decoded and timed into ``wait``."""
     began = time.perf_counter()
     wait.queued_ms = (began - wait.submitted) * 1000
     try:
-        return _decode_chunks(decoder, chunks)
+        return decoder.decode(chunks[0] if len(chunks) == 1 else np.concatenate(chunks))
     finally:
         wait.decode_ms = (time.perf_counter() - began) * 1000
 
@@ -81,11 +82,6 @@ class _Speculation(Generic[D]):
     generation: int
     future: asyncio.Future[D]
     wait: _Wait
-
-
-def _decode_chunks(decoder: Decoder[D], chunks: Sequence[np.ndarray]) -> D:
-    audio = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-    return decoder.decode(audio)
 
 
 class SpeculativeStream(Generic[D]):
@@ -139,13 +135,14 @@ class SpeculativeStream(Generic[D]):
             self._chunks.append(piece)
             self._samples += len(piece)
 
-    def _submit(self, final: bool = False, wait: _Wait | None = None) -> asyncio.Future[D]:
+    def _submit(self, final: bool = False) -> tuple[asyncio.Future[D], _Wait]:
         loop = asyncio.get_running_loop()
         chunks = tuple(self._chunks)
         self.decodes += 1
         self._in_flight += 1
         executor = getattr(self._asr, "final_executor", self._asr.executor) if final else self._asr.executor
-        future = loop.run_in_executor(executor, _timed_decode, self._asr.decoder, chunks, wait or _Wait())
+        wait = _Wait()
+        future = loop.run_in_executor(executor, _decode_chunks, self._asr.decoder, chunks, wait)
         generation = self._generation
 
         def done(_: asyncio.Future[D]) -> None:
@@ -153,14 +150,14 @@ class SpeculativeStream(Generic[D]):
                 self._in_flight -= 1
 
         future.add_done_callback(done)
-        return future
+        return future, wait
 
     async def partial(self) -> Transcript:
         """Decode the growing buffer and extend the stable prefix (skipped while busy)."""
         if self._samples == 0 or self.busy or self._samples == self._last_samples:
             return self._last
         samples, generation = self._samples, self._generation
-        decode = await asyncio.shield(self._submit())
+        decode = await asyncio.shield(self._submit()[0])
         if generation != self._generation:
             return self._last
         words = decode.text.split()
@@ -181,8 +178,7 @@ class SpeculativeStream(Generic[D]):
             return
         spec = self._speculation
         if spec is None or spec.samples != self._samples or spec.generation != self._generation:
-            wait = _Wait()
-            spec = _Speculation(self._samples, self._generation, self._submit(final=True, wait=wait), wait)
+            spec = _Speculation(self._samples, self._generation, *self._submit(final=True))
             self._speculation = spec
         try:
             await asyncio.shield(spec.future)
@@ -227,8 +223,8 @@ class SpeculativeStream(Generic[D]):
                 log.warning("asr: speculative decode failed; decoding again")
         speculated = decode is not None
         if decode is None:
-            wait = _Wait()
-            decode = await asyncio.shield(self._submit(final=True, wait=wait))
+            future, wait = self._submit(final=True)
+            decode = await asyncio.shield(future)
         self.last_decode = decode
         self.final_cost = _final_cost(decode, wait, called, speculated)
         text = " ".join(decode.text.split())

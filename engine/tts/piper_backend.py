@@ -81,12 +81,19 @@ class SourceSpeech:
     counted_samples: int  # the sum of the per-phoneme-id sample counts (== len(pcm) when aligned)
 
 
-def _serialize_phonemizer(voice: Any, lock: threading.Lock) -> None:
-    """Have ``voice`` phonemize under ``lock`` (espeak-ng keeps one global state in the process)."""
+# espeak-ng keeps one global state in the process: one phonemization at a time, whichever voice asks
+_ESPEAK = threading.Lock()
+
+
+def _serialize_phonemizer(voice: Any) -> None:
+    """Have ``voice`` phonemize under :data:`_ESPEAK` (once: a voice wrapped already, or a copy of one,
+    keeps its wrapper)."""
+    if "phonemize" in vars(voice):
+        return
     plain = voice.phonemize
 
     def phonemize(text: str) -> list[list[str]]:
-        with lock:
+        with _ESPEAK:
             result: list[list[str]] = plain(text)
             return result
 
@@ -108,14 +115,14 @@ class PiperTTS:
     ) -> None:
         from piper import SynthesisConfig
 
-        copies = [copy.copy(voice) for _ in sessions]  # before ``voice`` is changed below
+        _serialize_phonemizer(voice)
+        copies = [copy.copy(voice) for _ in sessions]  # the same voice on another ONNX session each
         for twin, session in zip(copies, sessions, strict=True):
             twin.session = session
-        espeak = threading.Lock()
         self._voices: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for v in (voice, *copies):
-            _serialize_phonemizer(v, espeak)
             self._voices.put(v)
+        self.workers = 1 + len(copies)
         self._voice = voice
         self._name = name
         self._rate = int(voice.config.sample_rate)
@@ -125,8 +132,7 @@ class PiperTTS:
         self._syn = SynthesisConfig(speaker_id=speaker_id, length_scale=base_scale * length_scale)
         self.has_alignments = len(voice.session.get_outputs()) > 1
         self.device = "cuda" if CUDA_PROVIDER in voice.session.get_providers() else "cpu"
-        self._queue = VoiceQueue(1 + len(copies), "piper")
-        self.workers = 1 + len(copies)
+        self._queue = VoiceQueue(self.workers, "piper")
         self._word_info = functools.lru_cache(maxsize=4096)(self._phoneme_word_info)
 
     @property

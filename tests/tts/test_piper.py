@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -273,18 +274,24 @@ def test_two_workers_synthesize_two_sessions_chunks_at_once() -> None:
     ONNX session, and both keep their alignments (the phonemizer is shared under a lock)."""
     two = load_tts(TTSConfig(workers=2), silent_progress)
     assert isinstance(two, PiperTTS) and two.workers == 2
-    spans: dict[str, tuple[float, float, int]] = {}
-    original = two.speak_source
+    # each of the voice's sessions timed where it runs the ONNX model (not the wait for a free one)
+    runs: list[tuple[float, float, int, int]] = []  # began, ended, session, thread
+    voices = [two._voices.get() for _ in range(two.workers)]
+    for voice in voices:
+        original = voice.phoneme_ids_to_audio
 
-    def timed(text: str) -> SourceSpeech:
-        import time
+        def timed(
+            *args: object, _run: Any = original, _session: int = id(voice.session), **kw: object
+        ) -> Any:
+            import time
 
-        began = time.perf_counter()
-        src = original(text)
-        spans[text] = (began, time.perf_counter(), threading.get_ident())
-        return src
+            began = time.perf_counter()
+            out = _run(*args, **kw)
+            runs.append((began, time.perf_counter(), _session, threading.get_ident()))
+            return out
 
-    two.speak_source = timed  # type: ignore[method-assign]
+        voice.phoneme_ids_to_audio = timed
+        two._voices.put(voice)
     texts = ["This sentence keeps one worker busy for a good while, surely.", "And this one keeps the other."]
 
     async def both() -> list[Synthesis]:
@@ -294,8 +301,9 @@ def test_two_workers_synthesize_two_sessions_chunks_at_once() -> None:
         results = asyncio.run(both())
     finally:
         two.close()
-    (a0, a1, ta), (b0, b1, tb) = spans[texts[0]], spans[texts[1]]
-    assert ta != tb and a0 < b1 and b0 < a1  # two threads, overlapping in time
+    assert len(runs) == 2, runs  # one sentence each
+    (a0, a1, sa, ta), (b0, b1, sb, tb) = runs
+    assert sa != sb and ta != tb and a0 < b1 and b0 < a1  # two sessions on two threads, overlapping in time
     for text, syn in zip(texts, results, strict=True):
         assert len(syn.pcm) > 0 and [w.word for w in syn.words] == text.split()
         assert syn.phonemes and syn.phonemes[-1].end_s <= len(syn.pcm) / OUTPUT_RATE + 1e-6
