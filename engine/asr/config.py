@@ -46,6 +46,12 @@ class ASRConfig(BaseModel):
         description="transformers backend on CUDA: decodes at once, each with its own CUDA stream, caches "
         "and graphs (one serves partials, the rest speculations and finals); 1 = one decode at a time",
     )
+    encoder_graphs: bool = Field(
+        True,
+        description="transformers backend on CUDA: the encoder and the cross-attention K/V replayed as one CUDA "
+        "graph per window length (~350 kernel launches from Python otherwise, each waiting for the GIL "
+        "beside the other sessions' threads); false = eager (less GPU memory)",
+    )
     cpu_threads: int = Field(
         0, ge=0, description="0 = auto: half the cores, 1 to 4 (other stages share the CPU)"
     )

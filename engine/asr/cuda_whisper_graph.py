@@ -9,6 +9,9 @@ step of a ``WhisperForConditionalGeneration`` instead of calling its ``forward``
   frames) works, as in CTranslate2;
 * the cross-attention K/V of every decoder layer are computed once per decode into static tensors
   ``[layers, batch, heads, 1500, head_dim]`` (a shorter window uses a prefix of them);
+* on CUDA :meth:`WhisperGraphDecoder.set_features` runs the encoder and those projections as one CUDA graph
+  per window length (~350 kernels launched from Python otherwise: with many sessions in one process each
+  launch waits its turn for the GIL);
 * the self-attention K/V live in static tensors ``[layers, batch, heads, cap, head_dim]``; the position of
   the token being fed lives in a device tensor; a step writes its K/V with ``index_copy_`` and attends under
   the mask ``arange(cap) <= pos``;
@@ -162,11 +165,17 @@ class WhisperGraphDecoder:
     frames]``, frames ≤ 3000 and even), ``dec.set_encoder(enc)``, and either :meth:`step` token by token
     (teacher forcing: returns logits) or :meth:`greedy` for a whole decode.
 
-    ``use_graph`` defaults to "on CUDA"; pass ``False`` to run the same step eagerly.
+    ``use_graph`` defaults to "on CUDA"; pass ``False`` to run the same step eagerly. ``encoder_graphs``
+    (default: ``use_graph``) has :meth:`set_features` replay the encoder as a graph too.
     """
 
     def __init__(
-        self, model: nn.Module, max_len: int = 448, batch: int = 1, use_graph: bool | None = None
+        self,
+        model: nn.Module,
+        max_len: int = 448,
+        batch: int = 1,
+        use_graph: bool | None = None,
+        encoder_graphs: bool | None = None,
     ) -> None:
         inner: Any = getattr(model, "model", None)
         proj: Any = getattr(model, "proj_out", None)
@@ -221,6 +230,12 @@ class WhisperGraphDecoder:
         self.use_graph = (dev.type == "cuda") if use_graph is None else use_graph
         if self.use_graph and dev.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.encoder_graphs = self.use_graph if encoder_graphs is None else encoder_graphs and self.use_graph
+        self.n_mels = int(cast(Any, inner.encoder.conv1).in_channels)
+        # mel frames -> (graph, its static input); the encoder graphs share one memory pool (they never run
+        # at once: a decoder is one decode at a time, and their outputs are the static cross K/V)
+        self._enc_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._enc_pool: Any = None
 
     # ------------------------------------------------------------------ encoder
 
@@ -246,6 +261,12 @@ class WhisperGraphDecoder:
         b, t, _ = hidden.shape
         if b != self.batch or t > self.enc_positions:
             raise ValueError(f"encoder output {tuple(hidden.shape)} does not fit batch {self.batch}")
+        self._cross_kv(hidden)
+        self.enc_len = t
+        self.reset()
+
+    def _cross_kv(self, hidden: torch.Tensor) -> None:
+        b, t, _ = hidden.shape
         with torch.no_grad():
             hidden = hidden.to(self.device, self.dtype)
             for i, layer in enumerate(self._layers):
@@ -254,8 +275,50 @@ class WhisperGraphDecoder:
                 v = attn.v_proj(hidden).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
                 self.cross_k[i, :, :, :t] = k
                 self.cross_v[i, :, :, :t] = v
-        self.enc_len = t
+
+    def set_features(self, features: torch.Tensor) -> None:
+        """``set_encoder(encode(features))``: with encoder graphs, one replay of the graph captured for this
+        many mel frames (captured now if :meth:`capture_encoder` was not called for them)."""
+        frames = int(features.shape[-1])
+        if not self.encoder_graphs:
+            self.set_encoder(self.encode(features))
+            return
+        if int(features.shape[0]) != self.batch:
+            raise ValueError(f"features {tuple(features.shape)} do not fit batch {self.batch}")
+        graph, mel = self._encoder_graph_for(frames)
+        with torch.no_grad():
+            mel.copy_(features, non_blocking=True)
+            graph.replay()
+        self.enc_len = frames // 2
         self.reset()
+
+    def _encoder_graph_for(self, frames: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        got = self._enc_graphs.get(frames)
+        if got is not None:
+            return got
+        mel = torch.zeros(self.batch, self.n_mels, frames, dtype=self.dtype, device=self.device)
+        saved_k, saved_v = self.cross_k.clone(), self.cross_v.clone()
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(2):
+                self._cross_kv(self.encode(mel))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._enc_pool is None:
+            self._enc_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            with torch.cuda.graph(graph, pool=self._enc_pool, capture_error_mode="thread_local"):
+                self._cross_kv(self.encode(mel))
+            self.cross_k.copy_(saved_k)  # capture ran it once for real
+            self.cross_v.copy_(saved_v)
+        self._enc_graphs[frames] = (graph, mel)
+        return graph, mel
+
+    def capture_encoder(self, frames: int) -> None:
+        """Capture the encoder for ``frames`` mel frames ahead of time (no-op without encoder graphs)."""
+        if self.encoder_graphs:
+            self._encoder_graph_for(frames)
 
     def reset(self) -> None:
         """Start decoding again at position 0 over the same encoder output."""
@@ -452,7 +515,7 @@ def graph_teacher_forced(
     dec: WhisperGraphDecoder, features: torch.Tensor, feed: torch.Tensor
 ) -> torch.Tensor:
     """The same through :class:`WhisperGraphDecoder`: logits ``[T, batch, vocab]`` (float32, no bias)."""
-    dec.set_encoder(dec.encode(features))
+    dec.set_features(features)
     with torch.no_grad():
         dec.bias.zero_()
     return torch.stack([dec.step(feed[:, i].to(dec.device)).clone() for i in range(feed.shape[1])])

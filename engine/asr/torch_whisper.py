@@ -99,9 +99,11 @@ def _device(config: ASRConfig) -> str:
     return config.device
 
 
-def _lanes(config: ASRConfig, device: str) -> int:
-    """Decodes at once: ``asr.gpu_lanes`` on a CUDA device, one on the CPU (its threads are the limit)."""
-    return config.gpu_lanes if device.startswith("cuda") else 1
+def _lane_options(config: ASRConfig, device: str) -> dict[str, Any]:
+    """Decodes at once: ``asr.gpu_lanes`` on a CUDA device, one on the CPU (its threads are the limit);
+    and whether the encoder replays as a CUDA graph (``asr.encoder_graphs``, CUDA only)."""
+    on_cuda = device.startswith("cuda")
+    return {"lanes": config.gpu_lanes if on_cuda else 1, "encoder_graphs": config.encoder_graphs and on_cuda}
 
 
 class TorchWhisperDecoder:
@@ -121,16 +123,18 @@ class TorchWhisperDecoder:
         max_len: int = 448,
         random_weights: bool = False,
         lanes: int = 1,
+        encoder_graphs: bool = True,
     ) -> None:
         self.model = model
         self.random_weights = random_weights
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.window_s = window_s
-        self.graph = WhisperGraphDecoder(model, max_len=max_len)  # lane 0's; the others share its settings
-        graphs = [self.graph] + [
-            WhisperGraphDecoder(model, max_len=max_len) for _ in range(max(1, lanes) - 1)
+        graphs = [
+            WhisperGraphDecoder(model, max_len=max_len, encoder_graphs=encoder_graphs)
+            for _ in range(max(1, lanes))
         ]
+        self.graph = graphs[0]  # lane 0's; the others share its settings
         self.prompt = prompt_ids_for(model)
         gen: Any = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
@@ -194,7 +198,7 @@ class TorchWhisperDecoder:
         model = model.to(device).eval()
         fe = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
         tok = WhisperTokenizer.from_pretrained(str(path), local_files_only=True)
-        return cls(model, fe, tok, window_s=config.window_s, lanes=_lanes(config, device))
+        return cls(model, fe, tok, window_s=config.window_s, **_lane_options(config, device))
 
     @classmethod
     def load_ct2(cls, config: ASRConfig) -> TorchWhisperDecoder:
@@ -203,7 +207,7 @@ class TorchWhisperDecoder:
         device = _device(config)
         dtype = torch.float16 if device == "cuda" else torch.float32
         model, fe, tok = load_ct2_whisper(resolve_model_path(config.model), device, dtype)
-        return cls(model, fe, tok, window_s=config.window_s, lanes=_lanes(config, device))
+        return cls(model, fe, tok, window_s=config.window_s, **_lane_options(config, device))
 
     @classmethod
     def load_random(cls, config: ASRConfig) -> TorchWhisperDecoder:
@@ -225,12 +229,12 @@ class TorchWhisperDecoder:
         model = build_whisper(shape, device, dtype)
         fe = WhisperFeatureExtractor(feature_size=int(WHISPER_SHAPES[shape]["num_mel_bins"]))
         return cls(
-            model, fe, tok, window_s=config.window_s, random_weights=True, lanes=_lanes(config, device)
+            model, fe, tok, window_s=config.window_s, random_weights=True, **_lane_options(config, device)
         )
 
     def warm(self) -> None:
-        """On every lane, one decode of a second of quiet noise, then the decoder step's graph for every
-        longer window: all captures happen now, before any session, not in a turn. (A capture while another
+        """On every lane, one decode of a second of quiet noise, then the encoder's and the decoder step's
+        graphs for every longer window: all captures happen now, before any session, not in a turn. (A capture while another
         thread launches work on the same GPU breaks one of them: see the CUDA-graph avatar backend.)"""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 0.01
         steps = np.arange(self.window_s, MAX_WINDOW_S + 1e-6, WINDOW_STEP_S)
@@ -241,6 +245,7 @@ class TorchWhisperDecoder:
                 with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
                     self._decode_piece(lane, noise)
                     for f in frames:
+                        lane.graph.capture_encoder(f)
                         lane.graph.capture(f // 2)
         finally:
             for lane in held:
@@ -297,7 +302,7 @@ class TorchWhisperDecoder:
         g = lane.graph
         with torch.no_grad():
             t0 = time.perf_counter()
-            g.set_encoder(g.encode(mel))
+            g.set_features(mel)
             if g.device.type == "cuda":  # this lane's stream only: the other lanes go on
                 (lane.stream or torch.cuda.current_stream(g.device)).synchronize()
             t1 = time.perf_counter()
@@ -347,7 +352,9 @@ class TorchWhisperASR:
 
     def describe(self) -> str:
         d = self.decoder
-        graph = "CUDA graphs" if d.graph.use_graph else "eager"
+        graph = "eager"
+        if d.graph.use_graph:
+            graph = "CUDA graphs" if d.graph.encoder_graphs else "CUDA graphs, eager encoder"
         weights = ", random weights: benchmarks only" if d.random_weights else ""
         lanes = f", {len(d.lanes)} lanes" if len(d.lanes) > 1 else ""
         return (

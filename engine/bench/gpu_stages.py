@@ -9,7 +9,9 @@
   cuts the first chunk (first_chunk_max_words = 5), and decode tokens/s after the first piece. Turn 1 of each
   conversation prefills the whole prompt; later turns reuse the cached prefix.
 * ASR: ``TorchWhisperASR`` on ``random:small`` (fp16, CUDA graphs): a final decode of 1.6 s of loud audio
-  (the length of a bench question), cut at :func:`engine.asr.torch_whisper.random_decode_tokens`.
+  (the length of a bench question), cut at :func:`engine.asr.torch_whisper.random_decode_tokens`; with the
+  encoder replayed as a CUDA graph and eager (``asr.encoder_graphs``), each alone and beside 3 threads of
+  pure Python (what other sessions' threads are to a decode: each kernel launch waits for the GIL).
 * TTS: the Piper voice on the host CPU, the first chunk of a reply (5 words), 1, 4 and 8 ONNX threads.
 
 Medians of ``--repeats`` after one warm-up. A short table is printed last; everything goes to ``--out``.
@@ -22,6 +24,8 @@ import asyncio
 import json
 import platform
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -133,39 +137,82 @@ def bench_llm(tokenizer: str, repeats: int) -> dict[str, Any]:
     return out
 
 
-def bench_asr(tokenizer: str, repeats: int) -> dict[str, Any]:
-    from engine.asr.config import ASRConfig
-    from engine.asr.torch_whisper import TorchWhisperASR
-
-    config = ASRConfig.model_validate(
-        {"backend": "transformers", "model": "random:small", "tokenizer": tokenizer, "device": "cuda"}
-    )
-    t0 = time.perf_counter()
-    asr = TorchWhisperASR.load(config)
-    load_s = time.perf_counter() - t0
-    rng = np.random.default_rng(0)
-    audio = np.concatenate([np.zeros(4000), 0.2 * rng.standard_normal(int(1.6 * 16000)), np.zeros(8000)])
-    audio = audio.astype(np.float32)
-    asr.decoder.decode(audio)
+def _decode_times(decoder: Any, audio: np.ndarray, repeats: int) -> dict[str, Any]:
     times, enc, gen, toks = [], [], [], []
+    text = ""
     for _ in range(repeats):
         t = time.perf_counter()
-        d = asr.decoder.decode(audio)
+        d = decoder.decode(audio)
         times.append((time.perf_counter() - t) * 1e3)
         enc.append(d.encode_ms)
         gen.append(d.generate_ms)
         toks.append(d.tokens)
-    asr.close()
+        text = d.text
     return {
-        "describe": asr.describe(),
-        "load_s": round(load_s, 2),
-        "audio_s": round(len(audio) / 16000, 2),
         "final_decode_ms": _median(times),
         "encode_ms": _median(enc),
         "decode_steps_ms": _median(gen),
-        "tokens": toks[0],
-        "sample_text": d.text,
+        "tokens": toks[0] if toks else 0,
+        "sample_text": text,
     }
+
+
+def _busy_python(stop: threading.Event) -> None:
+    """A thread that only wants the GIL (pure Python): what the other sessions' threads are to a decode."""
+    n = 0
+    while not stop.is_set():
+        n = (n + 1) % 1_000_003
+
+
+def bench_asr(tokenizer: str, repeats: int, busy: int = 3) -> dict[str, Any]:
+    """The final decode with the encoder as a CUDA graph and eager, each alone and beside ``busy`` threads
+    that hold the GIL whenever they get it (the engine's switch interval, 5 ms)."""
+    from engine.asr.config import ASRConfig
+    from engine.asr.torch_whisper import TorchWhisperASR
+    from engine.config import ServerConfig
+
+    out: dict[str, Any] = {"busy_threads": busy}
+    rng = np.random.default_rng(0)
+    audio = np.concatenate([np.zeros(4000), 0.2 * rng.standard_normal(int(1.6 * 16000)), np.zeros(8000)])
+    audio = audio.astype(np.float32)
+    out["audio_s"] = round(len(audio) / 16000, 2)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(ServerConfig().gil_switch_ms / 1000.0)
+    try:
+        for name, graphs in (("graph_encoder", True), ("eager_encoder", False)):
+            config = ASRConfig.model_validate(
+                {
+                    "backend": "transformers",
+                    "model": "random:small",
+                    "tokenizer": tokenizer,
+                    "device": "cuda",
+                    "encoder_graphs": graphs,
+                }
+            )
+            t0 = time.perf_counter()
+            asr = TorchWhisperASR.load(config)
+            row: dict[str, Any] = {"describe": asr.describe(), "load_s": round(time.perf_counter() - t0, 2)}
+            asr.decoder.decode(audio)
+            row["alone"] = _decode_times(asr.decoder, audio, repeats)
+            stop = threading.Event()
+            hogs = [threading.Thread(target=_busy_python, args=(stop,), daemon=True) for _ in range(busy)]
+            for h in hogs:
+                h.start()
+            try:
+                row["beside_busy"] = _decode_times(asr.decoder, audio, repeats)
+            finally:
+                stop.set()
+                for h in hogs:
+                    h.join()
+            asr.close()
+            del asr
+            import torch
+
+            torch.cuda.empty_cache()
+            out[name] = row
+    finally:
+        sys.setswitchinterval(switch)
+    return out
 
 
 def bench_tts(voice: str, repeats: int, threads_list: tuple[int, ...] = (1, 4, 8)) -> dict[str, Any]:

@@ -183,6 +183,35 @@ def test_graph_matches_eager_cuda(dtype: torch.dtype) -> None:
         assert rel_err(got[i], ref32[i]) <= FP32_DISTANCE_RATIO * rel_err(ref[i], ref32[i]) + 1e-3, i
 
 
+@pytest.mark.gpu
+@requires_cuda
+def test_encoder_graph_matches_eager_encoder_cuda() -> None:
+    """``set_features`` replays the encoder and the cross K/V as one graph per window: the same cross K/V as
+    the eager ``set_encoder(encode(...))`` for each window length, new features each replay (nothing stale),
+    and capturing another window leaves the current cross K/V alone."""
+    device = torch.device("cuda")
+    model = build_whisper("tiny", device, torch.float16)
+    gen = torch.Generator(device=device).manual_seed(1)
+    eager = WhisperGraphDecoder(model, max_len=8, encoder_graphs=False)
+    graphed = WhisperGraphDecoder(model, max_len=8)
+    assert graphed.encoder_graphs and not eager.encoder_graphs
+    for frames, other in ((1000, 1500), (3000, 2000), (1000, 2500)):
+        feats = torch.randn(1, 80, frames, generator=gen, device=device)
+        eager.set_features(feats)
+        graphed.set_features(feats)
+        t = frames // 2
+        assert graphed.enc_len == eager.enc_len == t
+        for name in ("cross_k", "cross_v"):
+            got, ref = getattr(graphed, name)[:, :, :, :t], getattr(eager, name)[:, :, :, :t]
+            assert rel_err(got, ref) < HALF_TOL[torch.float16], (frames, name)
+        kept = graphed.cross_k.clone()
+        graphed.capture_encoder(other)  # a window not yet captured
+        assert torch.equal(graphed.cross_k, kept)
+        assert graphed.greedy([1, 2], 4).tolist() == eager.greedy([1, 2], 4).tolist()
+    assert sorted(graphed._enc_graphs) == [1000, 1500, 2000, 2500, 3000]
+    assert not eager._enc_graphs
+
+
 class _FakeTokenizer:
     """Token ids as words (the toy model has no vocabulary)."""
 
@@ -208,6 +237,7 @@ async def test_asr_stream_on_toy_model() -> None:
     decoder = TorchWhisperDecoder(
         _toy(), WhisperFeatureExtractor(feature_size=80), _FakeTokenizer(), max_len=64
     )
+    assert not decoder.graph.encoder_graphs  # graphs are CUDA's: the CPU runs the encoder eagerly
     asr = TorchWhisperASR(decoder, name="toy")
     assert "transformers whisper toy" in asr.describe()
     stream = asr.new_stream()
