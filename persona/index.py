@@ -20,16 +20,22 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-try:  # onnxruntime must be loaded before usearch: the other order segfaults at import here
-    import onnxruntime  # noqa: F401  (onnxruntime 1.32 + usearch 2.26.6 wheels)
-except ImportError:
-    pass
-from usearch.index import Index  # noqa: E402
-
 from persona.store import MemoryStore
+
+
+def _new_index(**params: Any) -> Any:
+    """A usearch ``Index``, imported on first use: an engine with the persona off never loads usearch."""
+    try:  # onnxruntime must be loaded before usearch: the other order segfaults at import here
+        import onnxruntime  # noqa: F401  (onnxruntime 1.32 + usearch 2.26.6 wheels)
+    except ImportError:
+        pass
+    from usearch.index import Index
+
+    return Index(**params)
 
 
 class VectorIndex:
@@ -53,7 +59,7 @@ class VectorIndex:
             "expansion_add": expansion_add,
             "expansion_search": expansion_search,
         }
-        self._index = Index(**self._params)  # type: ignore[arg-type]
+        self._index = _new_index(**self._params)
         self._lock = threading.RLock()
         self.generation = -1
 
@@ -92,7 +98,7 @@ class VectorIndex:
 
     def clear(self) -> None:
         with self._lock:
-            self._index = Index(**self._params)  # type: ignore[arg-type]
+            self._index = _new_index(**self._params)
 
     # ---- persistence --------------------------------------------------------------------
 
@@ -119,7 +125,7 @@ class VectorIndex:
         if meta.get("generation") != generation or any(meta.get(k) != v for k, v in self._params.items()):
             return False
         with self._lock:
-            index = Index(**self._params)  # type: ignore[arg-type]
+            index = _new_index(**self._params)
             try:
                 index.load(str(path))
             except Exception:
