@@ -8,7 +8,8 @@
 #   call 1:      carry [".whl", ".gpu"]  bash scripts/gpu_e2e.sh install && bash scripts/gpu_e2e.sh checks
 #   call 2:      carry [".voice"]        bash scripts/gpu_e2e.sh stash
 #                (or [".voice-xz"]: the voice xz-compressed, 58 MB; docs/PERFORMANCE.md "The next device run")
-#   call 3:      carry [".whl2"]         bash scripts/gpu_e2e.sh bench
+#   call 3:      bash scripts/gpu_e2e.sh bench (the persona's .whl2 only for a bench with the persona on: with it
+#                off, the default here, the engine never imports usearch; with .voice-xz, stash and bench are one call)
 #
 # With real words (issue 16's turn-taking judged from them): `python -m engine.bench.gpu_carry --real` also
 # fills .real0/ .real1/ ... (tiny.en on CTranslate2, the SmolLM2 GGUF, their wheels: one tar in parts); after
@@ -281,6 +282,8 @@ print(f"round {sys.argv[2]} {sys.argv[3]}: v2v {p['voice_to_voice_ms'].get('p50'
       f"render frames a batch, p95 ms {batching}",
       f"unanswered {p['unanswered']} fps {p['fps_mean']} low {p['fps_min_1s']} (media {p.get('fps_min_1s_media')})",
       f"loop lag p50 {lag} per-session cores {native} box {h.get('busy_cores')} busy, system {h.get('system')} steal {h.get('steal')}")
+asr = p.get("asr_final_ms") or {}
+print("  the final transcript's costs (P50 / P95):", {k: (v.get("p50"), v.get("p95")) if isinstance(v, dict) else v for k, v in asr.items()})
 EOF_AB
         done
     done
