@@ -169,6 +169,8 @@ class WhisperGraphDecoder:
     (default: ``use_graph``) has :meth:`set_features` replay the encoder as a graph too.
     """
 
+    CHAIN = 4  # greedy steps a graph replay runs (then the host checks for EOS)
+
     def __init__(
         self,
         model: nn.Module,
@@ -176,6 +178,7 @@ class WhisperGraphDecoder:
         batch: int = 1,
         use_graph: bool | None = None,
         encoder_graphs: bool | None = None,
+        log_mel: nn.Module | None = None,
     ) -> None:
         inner: Any = getattr(model, "model", None)
         proj: Any = getattr(model, "proj_out", None)
@@ -223,18 +226,28 @@ class WhisperGraphDecoder:
             self._tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
             self._ids = torch.zeros(batch, self._cap, dtype=torch.long, device=dev)
             self.bias = torch.zeros(self.vocab, dtype=torch.float32, device=dev)  # added before the argmax
+            self._base_bias = torch.zeros_like(self.bias)  # the suppression alone (no begin-suppress)
             self._next = torch.zeros(batch, dtype=torch.long, device=dev)
+            self._eos = torch.full((1,), -1, dtype=torch.long, device=dev)  # -1: none
+            self._hit = torch.zeros(batch, dtype=torch.bool, device=dev)  # a row has emitted EOS
+            self._probe = torch.zeros(
+                1, 1, dtype=torch.long, device=dev
+            )  # a token whose first-step prob. ...
+            self._probe_first = torch.zeros(batch, dtype=torch.float32, device=dev)  # ... is kept here
+        self._eos_id = -1  # host mirror of ``_eos``
+        self._begin_bias: dict[tuple[int, ...], torch.Tensor] = {}
         self.enc_len = 0  # encoder frames (after the stride-2 conv) whose cross K/V are set
         self.length = 0  # host mirror of ``pos``
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.use_graph = (dev.type == "cuda") if use_graph is None else use_graph
         if self.use_graph and dev.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.encoder_graphs = self.use_graph if encoder_graphs is None else encoder_graphs and self.use_graph
         self.n_mels = int(cast(Any, inner.encoder.conv1).in_channels)
-        # mel frames -> (graph, its static input); the encoder graphs share one memory pool (they never run
-        # at once: a decoder is one decode at a time, and their outputs are the static cross K/V)
-        self._enc_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.log_mel = log_mel.to(dev) if log_mel is not None else None
+        # (input kind, length) -> (graph, its static input); the encoder graphs share one memory pool (they
+        # never run at once: a decoder is one decode at a time, and their outputs are the static cross K/V)
+        self._enc_graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._enc_pool: Any = None
 
     # ------------------------------------------------------------------ encoder
@@ -279,46 +292,77 @@ class WhisperGraphDecoder:
     def set_features(self, features: torch.Tensor) -> None:
         """``set_encoder(encode(features))``: with encoder graphs, one replay of the graph captured for this
         many mel frames (captured now if :meth:`capture_encoder` was not called for them)."""
-        frames = int(features.shape[-1])
+        self._set_input("mel", features)
+
+    def set_audio(self, audio: torch.Tensor) -> None:
+        """``set_features(log_mel(audio))`` for ``[batch, samples]`` audio already padded to the window: with
+        encoder graphs the features are in the same replay as the encoder."""
+        if self.log_mel is None:
+            raise RuntimeError("set_audio needs the decoder built with log_mel")
+        self._set_input("audio", audio)
+
+    def _front(self, kind: str, x: torch.Tensor) -> torch.Tensor:
+        if kind == "audio":
+            assert self.log_mel is not None
+            return self.encode(self.log_mel(x))
+        return self.encode(x)
+
+    def _set_input(self, kind: str, x: torch.Tensor) -> None:
         if not self.encoder_graphs:
-            self.set_encoder(self.encode(features))
+            with torch.no_grad():
+                self.set_encoder(self._front(kind, x.to(self.device)))
             return
-        if int(features.shape[0]) != self.batch:
-            raise ValueError(f"features {tuple(features.shape)} do not fit batch {self.batch}")
-        graph, mel = self._encoder_graph_for(frames)
+        if int(x.shape[0]) != self.batch:
+            raise ValueError(f"input {tuple(x.shape)} does not fit batch {self.batch}")
+        length = int(x.shape[-1])
+        graph, static = self._encoder_graph_for(kind, length)
         with torch.no_grad():
-            mel.copy_(features, non_blocking=True)
+            static.copy_(x, non_blocking=True)
             graph.replay()
-        self.enc_len = frames // 2
+        self.enc_len = self._enc_frames(kind, length)
         self.reset()
 
-    def _encoder_graph_for(self, frames: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        got = self._enc_graphs.get(frames)
+    def _enc_frames(self, kind: str, length: int) -> int:
+        """Encoder positions for an input of ``length`` (mel frames, or samples of audio)."""
+        hop = int(getattr(self.log_mel, "hop_length", 160))
+        frames = length // hop if kind == "audio" else length
+        return frames // 2
+
+    def _encoder_graph_for(self, kind: str, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        got = self._enc_graphs.get((kind, length))
         if got is not None:
             return got
-        mel = torch.zeros(self.batch, self.n_mels, frames, dtype=self.dtype, device=self.device)
+        if kind == "audio":
+            static = torch.zeros(self.batch, length, dtype=torch.float32, device=self.device)
+        else:
+            static = torch.zeros(self.batch, self.n_mels, length, dtype=self.dtype, device=self.device)
         saved_k, saved_v = self.cross_k.clone(), self.cross_v.clone()
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):
-                self._cross_kv(self.encode(mel))
+                self._cross_kv(self._front(kind, static))
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._enc_pool is None:
             self._enc_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad():
             with torch.cuda.graph(graph, pool=self._enc_pool, capture_error_mode="thread_local"):
-                self._cross_kv(self.encode(mel))
+                self._cross_kv(self._front(kind, static))
             self.cross_k.copy_(saved_k)  # capture ran it once for real
             self.cross_v.copy_(saved_v)
-        self._enc_graphs[frames] = (graph, mel)
-        return graph, mel
+        self._enc_graphs[(kind, length)] = (graph, static)
+        return graph, static
 
     def capture_encoder(self, frames: int) -> None:
-        """Capture the encoder for ``frames`` mel frames ahead of time (no-op without encoder graphs)."""
-        if self.encoder_graphs:
-            self._encoder_graph_for(frames)
+        """Capture the encoder for ``frames`` mel frames ahead of time, from audio where the decoder has
+        ``log_mel`` (no-op without encoder graphs)."""
+        if not self.encoder_graphs:
+            return
+        if self.log_mel is not None:
+            self._encoder_graph_for("audio", frames * int(getattr(self.log_mel, "hop_length", 160)))
+        else:
+            self._encoder_graph_for("mel", frames)
 
     def reset(self) -> None:
         """Start decoding again at position 0 over the same encoder output."""
@@ -358,54 +402,66 @@ class WhisperGraphDecoder:
             h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
         logits = self._proj(self._dec.layer_norm(h))[:, -1, :].float() + self.bias
         torch.argmax(logits, dim=-1, out=self._next)
+        prob = torch.softmax(logits, dim=-1).gather(1, self._probe.expand(b, 1)).squeeze(1)
+        self._probe_first.copy_(torch.where(pos == 0, prob, self._probe_first))
+        # the next step feeds the pick unless the host sets ``_tok`` first (teacher forcing): greedy steps
+        # chain on the device, several to a graph
+        self._tok.copy_(self._next.view(b, 1))
+        self._hit.logical_or_(self._next == self._eos)
         self.pos.add_(1)
         return logits
 
-    def _graph_for(self, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        got = self._graphs.get(t)
+    def _steps_impl(self, t: int, steps: int) -> torch.Tensor:
+        logits = self._step_impl(t)
+        for _ in range(steps - 1):
+            logits = self._step_impl(t)
+        return logits
+
+    def _graph_for(self, t: int, steps: int = 1) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The graph of ``steps`` chained steps over ``t`` encoder frames, and its last step's logits."""
+        got = self._graphs.get((t, steps))
         if got is not None:
             return got
-        saved_pos = self.pos.clone()
-        saved_k, saved_v = self.k_cache.clone(), self.v_cache.clone()
-        saved_ids, saved_next = self._ids.clone(), self._next.clone()
+        state = [self.pos, self.k_cache, self.v_cache, self._ids, self._next, self._tok, self._hit]
+        state.append(self._probe_first)
+        saved = [x.clone() for x in state]
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):
-                self.pos.copy_(saved_pos)
-                self._step_impl(t)
+                self.pos.copy_(saved[0])
+                self._steps_impl(t, steps)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad():
-            self.pos.copy_(saved_pos)
+            self.pos.copy_(saved[0])
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                logits = self._step_impl(t)
-            # Capture ran the step once for real: restore what it touched.
-            self.pos.copy_(saved_pos)
-            self.k_cache.copy_(saved_k)
-            self.v_cache.copy_(saved_v)
-            self._ids.copy_(saved_ids)
-            self._next.copy_(saved_next)
-        self._graphs[t] = (graph, logits)
+                logits = self._steps_impl(t, steps)
+            # Capture ran the steps once for real: restore what they touched.
+            for x, old in zip(state, saved, strict=True):
+                x.copy_(old)
+        self._graphs[(t, steps)] = (graph, logits)
         return graph, logits
 
     def capture(self, enc_frames: int) -> None:
-        """Capture the step for ``enc_frames`` encoder positions ahead of time (no-op without graphs)."""
+        """Capture the step, and the chain of :attr:`CHAIN` steps, for ``enc_frames`` encoder positions ahead
+        of time (no-op without graphs)."""
         if self.use_graph:
             self._graph_for(enc_frames)
+            self._graph_for(enc_frames, self.CHAIN)
 
-    def _run(self) -> torch.Tensor:
+    def _run(self, steps: int = 1) -> torch.Tensor:
         if self.enc_len == 0:
             raise RuntimeError("set_encoder first")
-        if self.length >= self.max_len:
+        if self.length + steps > self.max_len:
             raise RuntimeError(f"decoder cache full ({self.max_len} tokens)")
         with torch.no_grad():
             if self.use_graph:
-                graph, logits = self._graph_for(self.enc_len)
+                graph, logits = self._graph_for(self.enc_len, steps)
                 graph.replay()
             else:
-                logits = self._step_impl(self.enc_len)
-        self.length += 1
+                logits = self._steps_impl(self.enc_len, steps)
+        self.length += steps
         return logits
 
     def step(self, token_id: int | torch.Tensor) -> torch.Tensor:
@@ -426,6 +482,35 @@ class WhisperGraphDecoder:
             ids = [i for i in token_ids if 0 <= i < self.vocab]
             if ids:
                 self.bias[torch.tensor(ids, device=self.device)] = float("-inf")
+            self._base_bias.copy_(self.bias)
+        self._begin_bias.clear()
+
+    def set_probe(self, token_id: int) -> None:
+        """The token whose probability after the first fed token :meth:`probe_first` gives (Whisper's
+        no-speech probability after <|startoftranscript|>), read with the decode's ids instead of a step
+        of its own."""
+        if not 0 <= token_id < self.vocab:
+            raise ValueError(f"token id {token_id} is outside the vocabulary ({self.vocab})")
+        with torch.no_grad():
+            self._probe.fill_(token_id)
+
+    def probe_first(self) -> list[float]:
+        """Each row's probability of the :meth:`set_probe` token at the first position of the last decode
+        (softmax of the logits, the suppression bias included)."""
+        out: list[float] = self._probe_first.tolist()
+        return out
+
+    def _begin_bias_for(self, begin_suppress: Sequence[int]) -> torch.Tensor:
+        """The bias of the first generated step: the suppression plus ``begin_suppress`` (made once)."""
+        key = tuple(int(i) for i in begin_suppress if 0 <= int(i) < self.vocab)
+        got = self._begin_bias.get(key)
+        if got is None:
+            with torch.no_grad():
+                got = self._base_bias.clone()
+                if key:
+                    got[torch.tensor(list(key), device=self.device)] = float("-inf")
+            self._begin_bias[key] = got
+        return got
 
     def greedy(
         self,
@@ -433,47 +518,69 @@ class WhisperGraphDecoder:
         max_new: int,
         eos: int | None = None,
         begin_suppress: Sequence[int] = (),
-        check_every: int = 4,
+        check_every: int | None = None,
     ) -> torch.Tensor:
         """Greedy decode after ``prompt`` (all rows alike): up to ``max_new`` new ids ``[batch, n]`` on the
-        device. With ``eos`` the host checks for it every ``check_every`` steps (a sync) and stops once every
-        row has emitted it; ids after a row's EOS are EOS. Without ``eos`` exactly ``max_new`` steps run, with
-        no host synchronisation."""
+        device (see :meth:`greedy_ids`)."""
+        return torch.tensor(
+            self.greedy_ids(prompt, max_new, eos, begin_suppress, check_every), device=self.device
+        )
+
+    def greedy_ids(
+        self,
+        prompt: Sequence[int],
+        max_new: int,
+        eos: int | None = None,
+        begin_suppress: Sequence[int] = (),
+        check_every: int | None = None,
+    ) -> list[list[int]]:
+        """Greedy decode after ``prompt`` (all rows alike): up to ``max_new`` new ids a row. The steps chain on
+        the device, :attr:`CHAIN` to a graph replay; with ``eos`` the host checks for it after the first pick
+        and then every ``check_every`` (default :attr:`CHAIN`) steps (a sync), and stops once every row has
+        emitted it; ids after a row's EOS are EOS, cut after the first column where every row has ended.
+        Without ``eos`` exactly ``max_new`` steps run. Few torch calls: each gives up the GIL and waits to
+        take it back, ~5 ms apiece beside busy threads."""
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) + max_new - 1 > self.max_len:
             raise RuntimeError(f"{len(prompt)} + {max_new} tokens exceed max_len {self.max_len}")
+        every = max(1, self.CHAIN if check_every is None else check_every)
+        eos_id = -1 if eos is None else int(eos)
         self.reset()
-        for tok in prompt[:-1]:
-            self.step(int(tok))
-        saved = self.bias.clone() if begin_suppress else None
-        if saved is not None:
-            with torch.no_grad():
-                self.bias[torch.tensor(list(begin_suppress), device=self.device)] = float("-inf")
-        self.step(int(prompt[-1]))
-        if saved is not None:
-            with torch.no_grad():
-                self.bias.copy_(saved)
-        out = torch.empty(self.batch, max_new, dtype=torch.long, device=self.device)
-        n = 0
         with torch.no_grad():
-            while True:
-                out[:, n] = self._next
-                n += 1
-                if n >= max_new:
+            if eos_id != self._eos_id:
+                self._eos.fill_(eos_id)
+                self._eos_id = eos_id
+            for tok in prompt[:-1]:
+                self.step(int(tok))
+            begin = self._begin_bias_for(begin_suppress) if begin_suppress else None
+            if begin is not None:
+                self.bias.copy_(begin)
+            self._hit.zero_()
+            self.step(int(prompt[-1]))  # its pick is the first new id
+            if begin is not None:
+                self.bias.copy_(self._base_bias)
+            n = 1
+            while n < max_new:
+                if eos is not None and (n - 1) % every == 0 and bool(self._hit.all()):
                     break
-                if eos is not None and n % check_every == 0 and bool((out[:, :n] == eos).any(dim=1).all()):
-                    break
-                self._tok.copy_(self._next.view(self.batch, 1))
-                self._run()
-        ids = out[:, :n]
+                k = every if every == self.CHAIN and max_new - n >= every else 1
+                self._run(k)
+                n += k
+            p = len(prompt)
+            rows: list[list[int]] = torch.cat(
+                [self._ids[:, p : p + n - 1], self._next.view(-1, 1)], 1
+            ).tolist()
         if eos is not None:
-            hit = (ids == eos).int().cumsum(dim=1) > 0
-            ids = ids.masked_fill(hit, eos)
-            ends = hit.all(dim=0).nonzero()
-            if ends.numel():  # cut after the first column where every row has ended
-                ids = ids[:, : int(ends[0, 0]) + 1]
-        return ids
+            for row in rows:
+                if eos in row:
+                    at = row.index(eos)
+                    row[at:] = [eos] * (len(row) - at)
+            ended = [row.index(eos) for row in rows if eos in row]
+            if len(ended) == len(rows):  # cut after the first column where every row has ended
+                cut = max(ended) + 1
+                rows = [row[:cut] for row in rows]
+        return rows
 
 
 # ---------------------------------------------------------------------- the eager reference

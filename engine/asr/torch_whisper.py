@@ -36,6 +36,7 @@ import torch
 from engine.asr.config import ASRConfig
 from engine.asr.ct2_whisper import is_ct2_folder, load_ct2_whisper, resolve_model_path
 from engine.asr.cuda_whisper_graph import FRAMES_PER_S, N_FRAMES, WhisperGraphDecoder, prompt_ids_for
+from engine.asr.log_mel import LogMel
 from engine.asr.stream import SpeculativeStream
 from engine.asr.trim import loud_bounds
 from engine.native import model_executor
@@ -130,8 +131,10 @@ class TorchWhisperDecoder:
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.window_s = window_s
+        self.log_mel = LogMel.from_extractor(feature_extractor)
+        self.hop = self.log_mel.hop_length
         graphs = [
-            WhisperGraphDecoder(model, max_len=max_len, encoder_graphs=encoder_graphs)
+            WhisperGraphDecoder(model, max_len=max_len, encoder_graphs=encoder_graphs, log_mel=self.log_mel)
             for _ in range(max(1, lanes))
         ]
         self.graph = graphs[0]  # lane 0's; the others share its settings
@@ -153,6 +156,9 @@ class TorchWhisperDecoder:
         for g in graphs:
             g.set_suppressed(suppressed)
         self.no_speech_id: int | None = no_speech
+        if no_speech is not None:
+            for g in graphs:
+                g.set_probe(no_speech)
         on_cuda = self.graph.device.type == "cuda" and len(graphs) > 1
         self.lanes = [_Lane(g, torch.cuda.Stream(g.device) if on_cuda else None) for g in graphs]
         self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
@@ -255,19 +261,21 @@ class TorchWhisperDecoder:
     def device(self) -> str:
         return str(self.graph.device)
 
+    def window_audio(self, audio: np.ndarray, frames: int) -> np.ndarray:
+        """``[1, frames * hop]`` float32: the audio zero-padded to the window only (not to 30 s: a third of the
+        work for a 10 s window, and the same features, since the padding's frames are silence either way).
+        numpy only: it never gives up the GIL, unlike a torch call."""
+        out = np.zeros((1, min(frames, N_FRAMES) * self.hop), dtype=np.float32)
+        n = min(len(audio), out.shape[1])
+        out[0, :n] = audio[:n]
+        return out
+
     def features(self, audio: np.ndarray, frames: int) -> torch.Tensor:
-        """Log-mel ``[1, mels, frames]``, the audio zero-padded to the window only (not to 30 s: a third of the
-        work for a 10 s window, and the same values, since the padding's frames are silence either way)."""
-        hop = int(getattr(self.feature_extractor, "hop_length", 160))
-        out = self.feature_extractor(
-            audio[: frames * hop],
-            sampling_rate=SAMPLE_RATE,
-            return_tensors="pt",
-            padding="max_length",
-            max_length=frames * hop,
-        )
-        mel: torch.Tensor = out["input_features"][:, :, :N_FRAMES]
-        return mel[:, :, :frames]
+        """Log-mel ``[1, mels, frames]`` on the host (:class:`~engine.asr.log_mel.LogMel`, as transformers'
+        feature extractor computes them); a decode computes them on the model's device instead."""
+        with torch.no_grad():
+            mel: torch.Tensor = self.log_mel(torch.from_numpy(self.window_audio(audio, frames))).contiguous()
+        return mel
 
     def decode(self, audio: np.ndarray, trim: bool = True) -> TorchDecode:
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -295,23 +303,21 @@ class TorchWhisperDecoder:
     def _decode_piece(self, lane: _Lane, audio: np.ndarray) -> TorchDecode:
         audio_s = len(audio) / SAMPLE_RATE
         frames = window_frames(audio_s, self.window_s)
-        mel = self.features(audio, frames)
+        window = torch.from_numpy(self.window_audio(audio, frames))
         max_new = min(MAX_NEW_TOKENS, int(audio_s * 6) + 8, self.graph.max_len - len(self.prompt) + 1)
         if self.random_weights:
             max_new = min(max_new, random_decode_tokens(audio_s))
         g = lane.graph
         with torch.no_grad():
             t0 = time.perf_counter()
-            g.set_features(mel)
+            g.set_audio(window)  # features, encoder and cross K/V: one graph replay on CUDA
             if g.device.type == "cuda":  # this lane's stream only: the other lanes go on
                 (lane.stream or torch.cuda.current_stream(g.device)).synchronize()
             t1 = time.perf_counter()
-            no_speech = 0.0
-            if self.no_speech_id is not None:  # the no-speech probability after <|startoftranscript|>
-                logits = g.step(self.prompt[0])
-                no_speech = float(torch.softmax(logits[0].float(), -1)[self.no_speech_id])
-            ids = g.greedy(self.prompt, max_new, eos=self.eos, begin_suppress=self.begin_suppress)
-            tokens = [t for t in ids[0].tolist() if t != self.eos]
+            ids = g.greedy_ids(self.prompt, max_new, eos=self.eos, begin_suppress=self.begin_suppress)
+            tokens = [t for t in ids[0] if t != self.eos]
+            # the no-speech probability after <|startoftranscript|>, kept by the decode's first step
+            no_speech = g.probe_first()[0] if self.no_speech_id is not None else 0.0
             t2 = time.perf_counter()
         text = self.tokenizer.decode(tokens, skip_special_tokens=True).strip() if self.tokenizer else ""
         text = " ".join(_ANNOTATION.sub(" ", text).split())

@@ -157,6 +157,27 @@ def _decode_times(decoder: Any, audio: np.ndarray, repeats: int) -> dict[str, An
     }
 
 
+def _torch_calls(fn: Any) -> int:
+    """Calls into torch's C functions while ``fn`` runs on this thread: each can give up the GIL and wait
+    to take it back, so beside busy threads a decode costs about this many waits."""
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            module = getattr(arg, "__module__", None) or type(owner).__module__
+            if module and module.startswith("torch"):
+                count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
 def _busy_python(stop: threading.Event) -> None:
     """A thread that only wants the GIL (pure Python): what the other sessions' threads are to a decode."""
     n = 0
@@ -193,6 +214,7 @@ def bench_asr(tokenizer: str, repeats: int, busy: int = 3) -> dict[str, Any]:
             asr = TorchWhisperASR.load(config)
             row: dict[str, Any] = {"describe": asr.describe(), "load_s": round(time.perf_counter() - t0, 2)}
             asr.decoder.decode(audio)
+            row["torch_calls_a_decode"] = _torch_calls(lambda asr=asr: asr.decoder.decode(audio))
             row["alone"] = _decode_times(asr.decoder, audio, repeats)
             stop = threading.Event()
             hogs = [threading.Thread(target=_busy_python, args=(stop,), daemon=True) for _ in range(busy)]
