@@ -236,6 +236,11 @@ class WhisperGraphDecoder:
             self._probe_first = torch.zeros(batch, dtype=torch.float32, device=dev)  # ... is kept here
         self._eos_id = -1  # host mirror of ``_eos``
         self._begin_bias: dict[tuple[int, ...], torch.Tensor] = {}
+        # set_prompt: the prompt every decode starts with, fed right after the encoder (in its graph)
+        self._prompt: list[int] = []
+        self._prompt_begin: tuple[int, ...] = ()
+        self._prompt_ids = torch.zeros(batch, 0, dtype=torch.long, device=dev)
+        self._prompted = False  # the prompt has been fed over the current encoder output
         self.enc_len = 0  # encoder frames (after the stride-2 conv) whose cross K/V are set
         self.length = 0  # host mirror of ``pos``
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -311,6 +316,12 @@ class WhisperGraphDecoder:
         if not self.encoder_graphs:
             with torch.no_grad():
                 self.set_encoder(self._front(kind, x.to(self.device)))
+                if self._prompt and not self.use_graph:  # all eager: the graph's own prompt steps
+                    self._prefill_prompt(self.enc_len)
+                    self.length = len(self._prompt)
+                    self._prompted = True
+                elif self._prompt:  # the steps' graphs, fed from the host
+                    self._feed_prompt()
             return
         if int(x.shape[0]) != self.batch:
             raise ValueError(f"input {tuple(x.shape)} does not fit batch {self.batch}")
@@ -318,9 +329,55 @@ class WhisperGraphDecoder:
         graph, static = self._encoder_graph_for(kind, length)
         with torch.no_grad():
             static.copy_(x, non_blocking=True)
-            graph.replay()
+            graph.replay()  # the front, the encoder, the cross K/V and the prompt's steps
         self.enc_len = self._enc_frames(kind, length)
+        self.length = len(self._prompt)
+        self._prompted = bool(self._prompt)
+
+    def set_prompt(self, prompt: Sequence[int], begin_suppress: Sequence[int] = ()) -> None:
+        """The prompt every decode starts with: :meth:`set_features` / :meth:`set_audio` feed it right after
+        the encoder (with encoder graphs, in the same replay), ``begin_suppress`` on its last step, and a
+        :meth:`greedy_ids` for this prompt goes on from there. Drops the encoder graphs captured so far."""
+        if len(prompt) > self.max_len:
+            raise ValueError(f"a prompt of {len(prompt)} tokens does not fit max_len {self.max_len}")
+        self._prompt = [int(t) for t in prompt]
+        self._prompt_begin = tuple(int(t) for t in begin_suppress)
+        with torch.no_grad():
+            row = torch.tensor([self._prompt], dtype=torch.long, device=self.device)
+            self._prompt_ids = row.expand(self.batch, -1).contiguous()
+        self._begin_bias_for(self._prompt_begin)
+        self._enc_graphs.clear()
+        self._prompted = False
+
+    def _prefill_prompt(self, t: int) -> None:
+        """The prompt's steps as device work only (captured in the encoder's graph)."""
+        begin = self._begin_bias_for(self._prompt_begin) if self._prompt_begin else None
+        self.pos.zero_()
+        last = len(self._prompt) - 1
+        for i in range(len(self._prompt)):
+            self._tok.copy_(self._prompt_ids[:, i : i + 1])
+            if i == last:
+                if begin is not None:
+                    self.bias.copy_(begin)
+                self._hit.zero_()
+            self._step_impl(t)
+        if begin is not None:
+            self.bias.copy_(self._base_bias)
+
+    def _feed_prompt(self) -> None:
+        """The prompt fed from the host, a step at a time (the decoder's steps as graphs or eager)."""
         self.reset()
+        begin = self._begin_bias_for(self._prompt_begin) if self._prompt_begin else None
+        with torch.no_grad():
+            for tok in self._prompt[:-1]:
+                self.step(tok)
+            if begin is not None:
+                self.bias.copy_(begin)
+            self._hit.zero_()
+            self.step(self._prompt[-1])
+            if begin is not None:
+                self.bias.copy_(self._base_bias)
+        self._prompted = True
 
     def _enc_frames(self, kind: str, length: int) -> int:
         """Encoder positions for an input of ``length`` (mel frames, or samples of audio)."""
@@ -336,23 +393,44 @@ class WhisperGraphDecoder:
             static = torch.zeros(self.batch, length, dtype=torch.float32, device=self.device)
         else:
             static = torch.zeros(self.batch, self.n_mels, length, dtype=self.dtype, device=self.device)
-        saved_k, saved_v = self.cross_k.clone(), self.cross_v.clone()
+        t = self._enc_frames(kind, length)
+        state = [self.cross_k, self.cross_v, *self._step_state()]
+        saved = [x.clone() for x in state]
+
+        def body() -> None:
+            self._cross_kv(self._front(kind, static))
+            if self._prompt:
+                self._prefill_prompt(t)
+
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):
-                self._cross_kv(self._front(kind, static))
+                body()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._enc_pool is None:
             self._enc_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad():
             with torch.cuda.graph(graph, pool=self._enc_pool, capture_error_mode="thread_local"):
-                self._cross_kv(self._front(kind, static))
-            self.cross_k.copy_(saved_k)  # capture ran it once for real
-            self.cross_v.copy_(saved_v)
+                body()
+            for x, old in zip(state, saved, strict=True):  # capture ran it once for real
+                x.copy_(old)
         self._enc_graphs[(kind, length)] = (graph, static)
         return graph, static
+
+    def _step_state(self) -> list[torch.Tensor]:
+        """What a step writes besides its outputs' static buffers (restored after a capture)."""
+        return [
+            self.pos,
+            self.k_cache,
+            self.v_cache,
+            self._ids,
+            self._next,
+            self._tok,
+            self._hit,
+            self._probe_first,
+        ]
 
     def capture_encoder(self, frames: int) -> None:
         """Capture the encoder for ``frames`` mel frames ahead of time, from audio where the decoder has
@@ -369,6 +447,7 @@ class WhisperGraphDecoder:
         with torch.no_grad():
             self.pos.zero_()
         self.length = 0
+        self._prompted = False
 
     # ------------------------------------------------------------------ the step
 
@@ -422,8 +501,7 @@ class WhisperGraphDecoder:
         got = self._graphs.get((t, steps))
         if got is not None:
             return got
-        state = [self.pos, self.k_cache, self.v_cache, self._ids, self._next, self._tok, self._hit]
-        state.append(self._probe_first)
+        state = self._step_state()
         saved = [x.clone() for x in state]
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -473,6 +551,7 @@ class WhisperGraphDecoder:
                 self._tok.fill_(token_id)
             else:
                 self._tok.copy_(token_id.reshape(self.batch, 1))
+        self._prompted = False
         return self._run()
 
     def set_suppressed(self, token_ids: Sequence[int]) -> None:
@@ -483,7 +562,10 @@ class WhisperGraphDecoder:
             if ids:
                 self.bias[torch.tensor(ids, device=self.device)] = float("-inf")
             self._base_bias.copy_(self.bias)
-        self._begin_bias.clear()
+            for key, begin in self._begin_bias.items():  # in place: captured graphs read them
+                begin.copy_(self._base_bias)
+                if key:
+                    begin[torch.tensor(list(key), device=self.device)] = float("-inf")
 
     def set_probe(self, token_id: int) -> None:
         """The token whose probability after the first fed token :meth:`probe_first` gives (Whisper's
@@ -546,31 +628,36 @@ class WhisperGraphDecoder:
             raise RuntimeError(f"{len(prompt)} + {max_new} tokens exceed max_len {self.max_len}")
         every = max(1, self.CHAIN if check_every is None else check_every)
         eos_id = -1 if eos is None else int(eos)
-        self.reset()
+        fed = self._prompted and list(prompt) == self._prompt and tuple(begin_suppress) == self._prompt_begin
+        self._prompted = False  # a second decode over the same encoder output feeds it again
         with torch.no_grad():
             if eos_id != self._eos_id:
                 self._eos.fill_(eos_id)
                 self._eos_id = eos_id
-            for tok in prompt[:-1]:
-                self.step(int(tok))
-            begin = self._begin_bias_for(begin_suppress) if begin_suppress else None
-            if begin is not None:
-                self.bias.copy_(begin)
-            self._hit.zero_()
-            self.step(int(prompt[-1]))  # its pick is the first new id
-            if begin is not None:
-                self.bias.copy_(self._base_bias)
+            if not fed:  # (set_prompt's prompt is fed by the encoder's graph)
+                self.reset()
+                for tok in prompt[:-1]:
+                    self.step(int(tok))
+                begin = self._begin_bias_for(begin_suppress) if begin_suppress else None
+                if begin is not None:
+                    self.bias.copy_(begin)
+                self._hit.zero_()
+                self.step(int(prompt[-1]))  # its pick is the first new id
+                if begin is not None:
+                    self.bias.copy_(self._base_bias)
             n = 1
             while n < max_new:
                 if eos is not None and (n - 1) % every == 0 and bool(self._hit.all()):
                     break
-                k = every if every == self.CHAIN and max_new - n >= every else 1
+                # a whole chain where the cache has room, even past max_new (its extra ids are cut)
+                k = every if every == self.CHAIN and self.length + every <= self.max_len else 1
                 self._run(k)
                 n += k
             p = len(prompt)
             rows: list[list[int]] = torch.cat(
                 [self._ids[:, p : p + n - 1], self._next.view(-1, 1)], 1
             ).tolist()
+        rows = [row[:max_new] for row in rows]
         if eos is not None:
             for row in rows:
                 if eos in row:
@@ -623,6 +710,7 @@ def graph_teacher_forced(
 ) -> torch.Tensor:
     """The same through :class:`WhisperGraphDecoder`: logits ``[T, batch, vocab]`` (float32, no bias)."""
     dec.set_features(features)
+    dec.reset()  # teacher forcing from position 0, whatever prompt the decoder feeds itself
     with torch.no_grad():
         dec.bias.zero_()
     return torch.stack([dec.step(feed[:, i].to(dec.device)).clone() for i in range(feed.shape[1])])

@@ -156,9 +156,10 @@ class TorchWhisperDecoder:
         for g in graphs:
             g.set_suppressed(suppressed)
         self.no_speech_id: int | None = no_speech
-        if no_speech is not None:
-            for g in graphs:
+        for g in graphs:
+            if no_speech is not None:
                 g.set_probe(no_speech)
+            g.set_prompt(self.prompt, self.begin_suppress)  # fed in the encoder's graph
         on_cuda = self.graph.device.type == "cuda" and len(graphs) > 1
         self.lanes = [_Lane(g, torch.cuda.Stream(g.device) if on_cuda else None) for g in graphs]
         self._free: queue.SimpleQueue[_Lane] = queue.SimpleQueue()

@@ -142,6 +142,32 @@ def test_chained_steps_and_the_probe_match_single_steps() -> None:
         dec.set_probe(10**6)
 
 
+def test_a_set_prompt_is_fed_with_the_encoder_and_decodes_alike() -> None:
+    """``set_prompt``: the prompt (begin-suppress on its last step) fed right after the encoder gives the
+    decode a prompt fed step by step gives; a second decode over the same encoder output feeds it again."""
+    model = _toy()
+    feats, _ = _inputs(seed=9)
+    prompt = prompt_ids_for(model)
+    plain = WhisperGraphDecoder(model, max_len=24)
+    plain.set_features(feats)
+    first = plain.greedy_ids(prompt, 10)[0][0]
+    expected = plain.greedy_ids(prompt, 10, begin_suppress=[first])
+    assert expected[0][0] != first
+    primed = WhisperGraphDecoder(model, max_len=24)
+    primed.set_prompt(prompt, begin_suppress=[first])
+    primed.set_features(feats)
+    assert primed.length == len(prompt)  # fed already
+    assert primed.greedy_ids(prompt, 10, begin_suppress=[first]) == expected
+    assert primed.greedy_ids(prompt, 10, begin_suppress=[first]) == expected  # fed again
+    assert primed.greedy_ids(prompt, 10) == plain.greedy_ids(prompt, 10)  # another prompt setting
+    primed.set_suppressed([expected[0][0]])  # the begin-suppress bias follows, in place
+    primed.set_features(feats)
+    plain.set_suppressed([expected[0][0]])
+    assert primed.greedy_ids(prompt, 10, begin_suppress=[first]) == plain.greedy_ids(
+        prompt, 10, begin_suppress=[first]
+    )
+
+
 def test_batch_rows_are_independent() -> None:
     model = _toy()
     feats, feed = _inputs(steps=6)
@@ -237,6 +263,15 @@ def test_encoder_graph_matches_eager_encoder_cuda() -> None:
         assert graphed.greedy([1, 2], 4).tolist() == eager.greedy([1, 2], 4).tolist()
     assert sorted(graphed._enc_graphs) == [("mel", f) for f in (1000, 1500, 2000, 2500, 3000)]
     assert not eager._enc_graphs
+    # The prompt's steps in the encoder's graph: the decode the host-fed prompt gives.
+    primed = WhisperGraphDecoder(model, max_len=12)
+    primed.set_prompt([1, 2], begin_suppress=[3])
+    primed.set_features(feats)
+    eager.set_features(feats)
+    want = eager.greedy_ids([1, 2], 6, begin_suppress=[3])
+    assert primed.greedy_ids([1, 2], 6, begin_suppress=[3]) == want
+    primed.set_features(feats)  # replayed again: the same
+    assert primed.greedy_ids([1, 2], 6, begin_suppress=[3]) == want
     # From audio: the log-mel front in the same graph as the encoder.
     from transformers import WhisperFeatureExtractor
 
