@@ -8,6 +8,8 @@
   ``max_new_tokens`` 32). Per reply: TTFT (worker start to the first text piece), the time until the chunker
   cuts the first chunk (first_chunk_max_words = 5), and decode tokens/s after the first piece. Turn 1 of each
   conversation prefills the whole prompt; later turns reuse the cached prefix.
+  On the graph path also a second turn's reply beside 3 threads of pure Python (``beside_busy_turn2_*``) and
+  the torch calls two replies make (``torch_calls_two_replies``, every thread).
 * ASR: ``TorchWhisperASR`` on ``random:small`` (fp16, CUDA graphs): a final decode of 1.6 s of loud audio
   (the length of a bench question), cut at :func:`engine.asr.torch_whisper.random_decode_tokens`; with the
   encoder replayed as a CUDA graph and eager (``asr.encoder_graphs``), each alone, and the graph's beside 3
@@ -133,9 +135,53 @@ def bench_llm(tokenizer: str, repeats: int) -> dict[str, Any]:
             },
             "sample_reply": cold[0]["text"],
         }
+        if graphs:
+            out[name].update(_llm_beside_busy(llm, busy=3))
         del llm
         torch.cuda.empty_cache()
     return out
+
+
+def _llm_beside_busy(llm: Any, busy: int) -> dict[str, Any]:
+    """A second turn's reply (its conversation's prefix evaluated) beside ``busy`` threads of pure Python,
+    and the torch calls such a reply makes on all threads: the GIL's toll on the LLM (see bench_asr)."""
+    from engine.config import ServerConfig
+
+    async def second_turn(key: str) -> dict[str, Any]:
+        history: list[Any] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": QUESTIONS[0]},
+        ]
+        first = await _reply(llm, list(history), key)
+        history += [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": QUESTIONS[1]},
+        ]
+        return await _reply(llm, history, key)
+
+    asyncio.run(second_turn("busy-warm"))
+    calls = _torch_calls(lambda: asyncio.run(second_turn("busy-count")), all_threads=True)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(ServerConfig().gil_switch_ms / 1000.0)
+    stop = threading.Event()
+    hogs = [threading.Thread(target=_busy_python, args=(stop,), daemon=True) for _ in range(busy)]
+    for h in hogs:
+        h.start()
+    try:
+        rows = [asyncio.run(second_turn(f"busy{i}")) for i in range(3)]
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join()
+        sys.setswitchinterval(switch)
+    return {
+        "torch_calls_two_replies": calls,
+        "beside_busy_threads": busy,
+        **{
+            f"beside_busy_turn2_{k}": _median([r[k] for r in rows])
+            for k in ("first_token_ms", "first_chunk_ms", "decode_tok_s", "tokens")
+        },
+    }
 
 
 def _decode_times(decoder: Any, audio: np.ndarray, repeats: int) -> dict[str, Any]:
@@ -158,10 +204,15 @@ def _decode_times(decoder: Any, audio: np.ndarray, repeats: int) -> dict[str, An
     }
 
 
-def _torch_calls(fn: Any) -> int:
-    """Calls into torch's C functions while ``fn`` runs on this thread: each can give up the GIL and wait
-    to take it back, so beside busy threads a decode costs about this many waits."""
+def _torch_calls(fn: Any, all_threads: bool = False) -> int | None:
+    """Calls into torch's C functions while ``fn`` runs on this thread (or on every thread: Python 3.12+, else
+    None): each can give up the GIL and wait to take it back, so beside busy threads a decode costs about this
+    many waits."""
     count = 0
+    set_all: Any = getattr(threading, "setprofile_all_threads", None)
+    if all_threads and set_all is None:
+        fn()
+        return None
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal count
@@ -171,11 +222,17 @@ def _torch_calls(fn: Any) -> int:
             if module and module.startswith("torch"):
                 count += 1
 
-    sys.setprofile(profile)
+    if all_threads:
+        set_all(profile)
+    else:
+        sys.setprofile(profile)
     try:
         fn()
     finally:
-        sys.setprofile(None)
+        if all_threads:
+            set_all(None)
+        else:
+            sys.setprofile(None)
     return count
 
 
