@@ -563,9 +563,7 @@ class WhisperGraphDecoder:
                 self.bias[torch.tensor(ids, device=self.device)] = float("-inf")
             self._base_bias.copy_(self.bias)
             for key, begin in self._begin_bias.items():  # in place: captured graphs read them
-                begin.copy_(self._base_bias)
-                if key:
-                    begin[torch.tensor(list(key), device=self.device)] = float("-inf")
+                self._fill_begin(begin, key)
 
     def set_probe(self, token_id: int) -> None:
         """The token whose probability after the first fed token :meth:`probe_first` gives (Whisper's
@@ -587,12 +585,16 @@ class WhisperGraphDecoder:
         key = tuple(int(i) for i in begin_suppress if 0 <= int(i) < self.vocab)
         got = self._begin_bias.get(key)
         if got is None:
-            with torch.no_grad():
-                got = self._base_bias.clone()
-                if key:
-                    got[torch.tensor(list(key), device=self.device)] = float("-inf")
+            got = torch.empty_like(self._base_bias)
+            self._fill_begin(got, key)
             self._begin_bias[key] = got
         return got
+
+    def _fill_begin(self, bias: torch.Tensor, key: tuple[int, ...]) -> None:
+        with torch.no_grad():
+            bias.copy_(self._base_bias)
+            if key:
+                bias[torch.tensor(list(key), device=self.device)] = float("-inf")
 
     def greedy(
         self,
