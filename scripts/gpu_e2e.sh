@@ -282,6 +282,7 @@ print(f"round {sys.argv[2]} {sys.argv[3]}: v2v {p['voice_to_voice_ms'].get('p50'
       f"render frames a batch, p95 ms {batching}",
       f"unanswered {p['unanswered']} fps {p['fps_mean']} low {p['fps_min_1s']} (media {p.get('fps_min_1s_media')})",
       f"loop lag p50 {lag} per-session cores {native} box {h.get('busy_cores')} busy, system {h.get('system')} steal {h.get('steal')}")
+print("  the way back: her first audio sent -> heard (P50 / P95):", (p.get("downlink_ms") or {}).get("p50"), "/", (p.get("downlink_ms") or {}).get("p95"))
 asr = p.get("asr_final_ms") or {}
 print("  the final transcript's costs (P50 / P95):", {k: (v.get("p50"), v.get("p95")) if isinstance(v, dict) else v for k, v in asr.items()})
 EOF_AB

@@ -125,6 +125,10 @@ def _session_entry(i: int, n_questions: int, result: dict[str, Any] | BaseExcept
         # first chunk, TTS first audio, sent): where a session's voice-to-voice went
         "stages_ms": [t.get("stages_ms") or {} for t in turns],
         "asr_final": [t.get("asr") or {} for t in turns],  # each turn's final transcript's costs
+        # the way there and back (same host: the engine's clock mapped to the client's): the host's last word
+        # sent -> its end at the engine, her first audio sent by the engine -> heard here
+        "uplink_ms": [t.get("uplink_ms") for t in turns],
+        "downlink_ms": [t.get("downlink_ms") for t in turns],
     }
 
 
@@ -161,10 +165,17 @@ def pool(per_session: list[dict[str, Any]]) -> dict[str, Any]:
         "client_loop_lag_max_ms": max(lags, default=None),
         "stages_ms": pooled_stages(per_session),
         "asr_final_ms": summarize_costs([c for s in per_session for c in s.get("asr_final", []) if c]),
+        "uplink_ms": _pooled(per_session, "uplink_ms"),
+        "downlink_ms": _pooled(per_session, "downlink_ms"),
         "video_packets_lost": sum(
             (s.get("rtp_received") or {}).get("video", {}).get("lost", 0) for s in per_session
         ),
     }
+
+
+def _pooled(per_session: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """A per-turn figure over every session's turns (turns without it left out)."""
+    return summarize([v for s in per_session for v in s.get(key, []) if v is not None])
 
 
 def _lowest(lows: list[int | None]) -> int | None:

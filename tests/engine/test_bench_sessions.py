@@ -77,6 +77,20 @@ def test_the_final_transcripts_costs_are_pooled_over_every_sessions_turns() -> N
     assert costs["decode_ms"]["n"] == 1 and costs["tokens"]["n"] == 2
 
 
+def test_the_way_there_and_back_is_pooled_over_every_sessions_turns() -> None:
+    a, b = _client([900.0, 1000.0]), _client([1200.0])
+    a["turns"][0] |= {"uplink_ms": 20.0, "downlink_ms": 40.0}
+    a["turns"][1] |= {"uplink_ms": 30.0, "downlink_ms": 5000.0}
+    b["turns"][0] |= {"uplink_ms": None, "downlink_ms": 60.0}  # no clock shared: no uplink
+    per = [_session_entry(0, 2, a), _session_entry(1, 1, b)]
+    p = pool(per)
+    assert per[0]["downlink_ms"] == [40.0, 5000.0] and per[1]["uplink_ms"] == [None]
+    assert (
+        p["downlink_ms"]["n"] == 3 and p["downlink_ms"]["max"] == 5000.0 and p["downlink_ms"]["p50"] == 60.0
+    )
+    assert p["uplink_ms"]["n"] == 2
+
+
 def test_a_session_without_video_breaks_the_fps_level_only_when_video_is_expected() -> None:
     per = [_session_entry(0, 2, _client([800.0, 900.0], None)), _session_entry(1, 2, _client([850.0, 950.0]))]
     p = pool(per)
