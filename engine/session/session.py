@@ -35,7 +35,7 @@ from engine.session.conversation import Conversation
 from engine.session.listener import Listener
 from engine.session.timings import TurnMetrics, TurnTimings
 from engine.tasks import TaskOwner
-from engine.transport.audio_out import IdolAudioTrack
+from engine.transport.audio_out import LATE_S, IdolAudioTrack
 from engine.transport.playout import PlayoutBuffer
 from engine.transport.video_out import IdolVideoTrack
 
@@ -143,6 +143,14 @@ class Session:
         await self.conversation.close()
         await self._owner.cancel_all()
         self.audio_track.stop()
+        a = self.audio_track
+        log.info(
+            "session %s audio: %d frames asked for more than %.0f ms late, the latest %.0f ms",
+            self.id,
+            a.late_frames,
+            LATE_S * 1e3,
+            a.most_late_s * 1e3,
+        )
         if self.video_track is not None:
             self.video_track.stop()
             if isinstance(self.video_track, IdolVideoTrack):  # late frames are dropped, never queued

@@ -16,6 +16,7 @@ from engine.transport.taps import TappedTrack
 log = logging.getLogger(__name__)
 
 PTIME_S = 0.020
+LATE_S = 0.1  # a frame asked for this long after its time counts as late (the sender fell behind the clock)
 
 
 class IdolAudioTrack(TappedTrack):
@@ -35,7 +36,8 @@ class IdolAudioTrack(TappedTrack):
         self.samples_per_frame = int(self.rate * PTIME_S)
         self._t0: float | None = None
         self._frames = 0
-        self.late_frames = 0
+        self.late_frames = 0  # frames asked for more than LATE_S after their clock time
+        self.most_late_s = 0.0  # the latest any frame was asked for (its audio reaches the viewer that late)
         self.send_delay = SendDelay()
 
     async def produce(self) -> AudioFrame:
@@ -48,8 +50,10 @@ class IdolAudioTrack(TappedTrack):
             self.playout.start(self._t0)
         t = self._t0 + self._frames * PTIME_S
         await self.clock.sleep_until(t)
-        if self.clock.now() - t > 0.1:
+        late = self.clock.now() - t
+        if late > LATE_S:
             self.late_frames += 1
+        self.most_late_s = max(self.most_late_s, late)
         pcm = self.playout.pull(self.samples_per_frame)
         self._frames += 1
         frame = AudioFrame(format="s16", layout="mono", samples=self.samples_per_frame)

@@ -61,6 +61,17 @@ async def test_track_paces_on_the_clock_and_pts_follow_clock_time() -> None:
     assert second.pts == 48000 + 960 and second.samples == 960
 
 
+async def test_a_sender_behind_the_clock_is_counted_with_its_worst_lateness() -> None:
+    clock = ScriptedClock(1.0)
+    track = IdolAudioTrack(clock, PlayoutBuffer())
+    await track.recv()  # frame 0, on time
+    clock.advance(0.5)  # the sender asks for frame 1 (due at 1.02) at 1.5
+    await track.recv()
+    await track.recv()  # frame 2 (due at 1.04), asked at once: still late, and it catches up by bursting
+    assert track.late_frames == 2
+    assert track.most_late_s == pytest.approx(0.48)
+
+
 async def test_silence_when_idle_then_speech_with_exact_start_time() -> None:
     clock = ScriptedClock(0.0)
     buf = PlayoutBuffer()
