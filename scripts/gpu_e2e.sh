@@ -197,7 +197,7 @@ bench)
         echo "drop warnings: $(grep -c 'dropped as late' "$OUT/sessions.log"), stall reports: $(grep -c 'video stalled' "$OUT/sessions.log")"
         # the audio senders' word: did a sender fall behind the clock (her words reach the viewer that late)?
         grep -ho 'audio: [0-9]* frames asked for more than [0-9]* ms late, the latest [0-9]* ms' "$OUT/sessions.log" \
-            | sort -k11 -n | tail -3 | sed 's/^/worst /'
+            | sort -k13 -n | tail -3 | sed 's/^/worst /'
         grep -m 3 -A 40 'video stalled' "$OUT/sessions.log" | cut -c1-220 | head -120
         gzip -f "$OUT/sessions.log"
         python3 - "$OUT/sessions.json" <<'EOF'
