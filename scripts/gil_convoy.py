@@ -20,13 +20,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from engine.bench.gil import busy_threads
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -37,12 +37,6 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return round(statistics.median(times), 2)
-
-
-def _spin(stop: threading.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        n = (n + 1) % 1_000_003
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             y = np.add(y, 1e-6)
 
     def extractor_features() -> None:
-        extractor(audio, sampling_rate=16000, return_tensors="pt", padding="max_length", max_length=len(audio))
+        extractor(
+            audio, sampling_rate=16000, return_tensors="pt", padding="max_length", max_length=len(audio)
+        )
 
     def log_mel() -> None:
         with torch.no_grad():
@@ -96,31 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         "log_mel_10s": log_mel,
         "opencv_20_small_conversions": opencv,
     }
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(args.switch_ms / 1000.0)
     report: dict[str, object] = {
         "busy_threads": args.busy,
         "switch_ms": args.switch_ms,
         "torch_threads": torch.get_num_threads(),
         "cores": len(os.sched_getaffinity(0)),
     }
-    try:
-        for name, fn in workloads.items():
+    for name, fn in workloads.items():
+        with busy_threads(0, args.switch_ms):  # the same switch interval alone
             alone = _median_ms(fn, args.repeats)
-            stop = threading.Event()
-            spinners = [threading.Thread(target=_spin, args=(stop,), daemon=True) for _ in range(args.busy)]
-            for s in spinners:
-                s.start()
-            try:
-                beside = _median_ms(fn, args.repeats)
-            finally:
-                stop.set()
-                for s in spinners:
-                    s.join()
-            report[name] = {"alone_ms": alone, "beside_busy_ms": beside}
-            print(f"{name}: alone {alone} ms, beside {args.busy} busy threads {beside} ms", flush=True)
-    finally:
-        sys.setswitchinterval(previous)
+        with busy_threads(args.busy, args.switch_ms):
+            beside = _median_ms(fn, args.repeats)
+        report[name] = {"alone_ms": alone, "beside_busy_ms": beside}
+        print(f"{name}: alone {alone} ms, beside {args.busy} busy threads {beside} ms", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     return 0

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import platform
 import statistics
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from engine.bench.gil import busy_threads, torch_calls
 
 SYSTEM = (
     "You are Aiko, a cheerful virtual idol co-hosting a live stream. "
@@ -160,20 +161,9 @@ def _llm_beside_busy(llm: Any, busy: int) -> dict[str, Any]:
         return await _reply(llm, history, key)
 
     asyncio.run(second_turn("busy-warm"))
-    calls = _torch_calls(lambda: asyncio.run(second_turn("busy-count")), all_threads=True)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(ServerConfig().gil_switch_ms / 1000.0)
-    stop = threading.Event()
-    hogs = [threading.Thread(target=_busy_python, args=(stop,), daemon=True) for _ in range(busy)]
-    for h in hogs:
-        h.start()
-    try:
+    calls = torch_calls(lambda: asyncio.run(second_turn("busy-count")), all_threads=True)
+    with busy_threads(busy, ServerConfig().gil_switch_ms):
         rows = [asyncio.run(second_turn(f"busy{i}")) for i in range(3)]
-    finally:
-        stop.set()
-        for h in hogs:
-            h.join()
-        sys.setswitchinterval(switch)
     return {
         "torch_calls_two_replies": calls,
         "beside_busy_threads": busy,
@@ -204,45 +194,6 @@ def _decode_times(decoder: Any, audio: np.ndarray, repeats: int) -> dict[str, An
     }
 
 
-def _torch_calls(fn: Any, all_threads: bool = False) -> int | None:
-    """Calls into torch's C functions while ``fn`` runs on this thread (or on every thread: Python 3.12+, else
-    None): each can give up the GIL and wait to take it back, so beside busy threads a decode costs about this
-    many waits."""
-    count = 0
-    set_all: Any = getattr(threading, "setprofile_all_threads", None)
-    if all_threads and set_all is None:
-        fn()
-        return None
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal count
-        if event == "c_call":
-            owner = getattr(arg, "__self__", None)
-            module = getattr(arg, "__module__", None) or type(owner).__module__
-            if module and module.startswith("torch"):
-                count += 1
-
-    if all_threads:
-        set_all(profile)
-    else:
-        sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        if all_threads:
-            set_all(None)
-        else:
-            sys.setprofile(None)
-    return count
-
-
-def _busy_python(stop: threading.Event) -> None:
-    """A thread that only wants the GIL (pure Python): what the other sessions' threads are to a decode."""
-    n = 0
-    while not stop.is_set():
-        n = (n + 1) % 1_000_003
-
-
 def bench_asr(tokenizer: str, repeats: int, busy: int = 3, eager_beside_busy: bool = False) -> dict[str, Any]:
     """The final decode with the encoder as a CUDA graph and eager, each alone, and the graph's (the eager
     one's too with ``eager_beside_busy``) beside ``busy`` threads that hold the GIL whenever they get it
@@ -256,47 +207,31 @@ def bench_asr(tokenizer: str, repeats: int, busy: int = 3, eager_beside_busy: bo
     audio = np.concatenate([np.zeros(4000), 0.2 * rng.standard_normal(int(1.6 * 16000)), np.zeros(8000)])
     audio = audio.astype(np.float32)
     out["audio_s"] = round(len(audio) / 16000, 2)
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(ServerConfig().gil_switch_ms / 1000.0)
-    try:
-        for name, graphs in (("graph_encoder", True), ("eager_encoder", False)):
-            config = ASRConfig.model_validate(
-                {
-                    "backend": "transformers",
-                    "model": "random:small",
-                    "tokenizer": tokenizer,
-                    "device": "cuda",
-                    "encoder_graphs": graphs,
-                }
-            )
-            t0 = time.perf_counter()
-            asr = TorchWhisperASR.load(config)
-            row: dict[str, Any] = {"describe": asr.describe(), "load_s": round(time.perf_counter() - t0, 2)}
-            asr.decoder.decode(audio)
-            row["torch_calls_a_decode"] = _torch_calls(lambda asr=asr: asr.decoder.decode(audio))
-            row["alone"] = _decode_times(asr.decoder, audio, repeats)
-            if not graphs and not eager_beside_busy:  # 31 s a decode on an H100 host (2026-12-08)
-                asr.close()
-                out[name] = row
-                continue
-            stop = threading.Event()
-            hogs = [threading.Thread(target=_busy_python, args=(stop,), daemon=True) for _ in range(busy)]
-            for h in hogs:
-                h.start()
-            try:
+    for name, graphs in (("graph_encoder", True), ("eager_encoder", False)):
+        config = ASRConfig.model_validate(
+            {
+                "backend": "transformers",
+                "model": "random:small",
+                "tokenizer": tokenizer,
+                "device": "cuda",
+                "encoder_graphs": graphs,
+            }
+        )
+        t0 = time.perf_counter()
+        asr = TorchWhisperASR.load(config)
+        row: dict[str, Any] = {"describe": asr.describe(), "load_s": round(time.perf_counter() - t0, 2)}
+        asr.decoder.decode(audio)
+        row["torch_calls_a_decode"] = torch_calls(functools.partial(asr.decoder.decode, audio))
+        row["alone"] = _decode_times(asr.decoder, audio, repeats)
+        if graphs or eager_beside_busy:  # the eager one: 31 s a decode on an H100 host (2026-12-08)
+            with busy_threads(busy, ServerConfig().gil_switch_ms):
                 row["beside_busy"] = _decode_times(asr.decoder, audio, repeats)
-            finally:
-                stop.set()
-                for h in hogs:
-                    h.join()
-            asr.close()
-            del asr
-            import torch
+        asr.close()
+        del asr
+        import torch
 
-            torch.cuda.empty_cache()
-            out[name] = row
-    finally:
-        sys.setswitchinterval(switch)
+        torch.cuda.empty_cache()
+        out[name] = row
     return out
 
 
