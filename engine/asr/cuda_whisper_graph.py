@@ -230,10 +230,9 @@ class WhisperGraphDecoder:
             self._next = torch.zeros(batch, dtype=torch.long, device=dev)
             self._eos = torch.full((1,), -1, dtype=torch.long, device=dev)  # -1: none
             self._hit = torch.zeros(batch, dtype=torch.bool, device=dev)  # a row has emitted EOS
-            self._probe = torch.zeros(
-                1, 1, dtype=torch.long, device=dev
-            )  # a token whose first-step prob. ...
-            self._probe_first = torch.zeros(batch, dtype=torch.float32, device=dev)  # ... is kept here
+            # set_probe's token, and each row's probability of it at the first step
+            self._probe = torch.zeros(1, 1, dtype=torch.long, device=dev)
+            self._probe_first = torch.zeros(batch, dtype=torch.float32, device=dev)
         self._eos_id = -1  # host mirror of ``_eos``
         self._begin_bias: dict[tuple[int, ...], torch.Tensor] = {}
         # set_prompt: the prompt every decode starts with, fed right after the encoder (in its graph)
@@ -250,6 +249,7 @@ class WhisperGraphDecoder:
         self.encoder_graphs = self.use_graph if encoder_graphs is None else encoder_graphs and self.use_graph
         self.n_mels = int(cast(Any, inner.encoder.conv1).in_channels)
         self.log_mel = log_mel.to(dev) if log_mel is not None else None
+        self.hop = int(getattr(log_mel, "hop_length", 160))  # audio samples a mel frame
         # (input kind, length) -> (graph, its static input); the encoder graphs share one memory pool (they
         # never run at once: a decoder is one decode at a time, and their outputs are the static cross K/V)
         self._enc_graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -321,7 +321,8 @@ class WhisperGraphDecoder:
                     self.length = len(self._prompt)
                     self._prompted = True
                 elif self._prompt:  # the steps' graphs, fed from the host
-                    self._feed_prompt()
+                    self._feed_prompt(self._prompt, self._prompt_begin)
+                    self._prompted = True
             return
         if int(x.shape[0]) != self.batch:
             raise ValueError(f"input {tuple(x.shape)} does not fit batch {self.batch}")
@@ -364,25 +365,24 @@ class WhisperGraphDecoder:
         if begin is not None:
             self.bias.copy_(self._base_bias)
 
-    def _feed_prompt(self) -> None:
-        """The prompt fed from the host, a step at a time (the decoder's steps as graphs or eager)."""
+    def _feed_prompt(self, prompt: Sequence[int], begin_suppress: Sequence[int]) -> None:
+        """``prompt`` fed from the host from position 0, a step at a time (the steps as graphs or eager),
+        ``begin_suppress`` on its last step, whose pick is the first new id."""
         self.reset()
-        begin = self._begin_bias_for(self._prompt_begin) if self._prompt_begin else None
+        begin = self._begin_bias_for(begin_suppress) if begin_suppress else None
         with torch.no_grad():
-            for tok in self._prompt[:-1]:
-                self.step(tok)
+            for tok in prompt[:-1]:
+                self.step(int(tok))
             if begin is not None:
                 self.bias.copy_(begin)
             self._hit.zero_()
-            self.step(self._prompt[-1])
+            self.step(int(prompt[-1]))
             if begin is not None:
                 self.bias.copy_(self._base_bias)
-        self._prompted = True
 
     def _enc_frames(self, kind: str, length: int) -> int:
         """Encoder positions for an input of ``length`` (mel frames, or samples of audio)."""
-        hop = int(getattr(self.log_mel, "hop_length", 160))
-        frames = length // hop if kind == "audio" else length
+        frames = length // self.hop if kind == "audio" else length
         return frames // 2
 
     def _encoder_graph_for(self, kind: str, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -438,7 +438,7 @@ class WhisperGraphDecoder:
         if not self.encoder_graphs:
             return
         if self.log_mel is not None:
-            self._encoder_graph_for("audio", frames * int(getattr(self.log_mel, "hop_length", 160)))
+            self._encoder_graph_for("audio", frames * self.hop)
         else:
             self._encoder_graph_for("mel", frames)
 
@@ -503,16 +503,17 @@ class WhisperGraphDecoder:
             return got
         state = self._step_state()
         saved = [x.clone() for x in state]
+        saved_pos = saved[0]  # _step_state() lists pos first
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):
-                self.pos.copy_(saved[0])
+                self.pos.copy_(saved_pos)
                 self._steps_impl(t, steps)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad():
-            self.pos.copy_(saved[0])
+            self.pos.copy_(saved_pos)
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 logits = self._steps_impl(t, steps)
             # Capture ran the steps once for real: restore what they touched.
@@ -637,16 +638,7 @@ class WhisperGraphDecoder:
                 self._eos.fill_(eos_id)
                 self._eos_id = eos_id
             if not fed:  # (set_prompt's prompt is fed by the encoder's graph)
-                self.reset()
-                for tok in prompt[:-1]:
-                    self.step(int(tok))
-                begin = self._begin_bias_for(begin_suppress) if begin_suppress else None
-                if begin is not None:
-                    self.bias.copy_(begin)
-                self._hit.zero_()
-                self.step(int(prompt[-1]))  # its pick is the first new id
-                if begin is not None:
-                    self.bias.copy_(self._base_bias)
+                self._feed_prompt(prompt, begin_suppress)
             n = 1
             while n < max_new:
                 if eos is not None and (n - 1) % every == 0 and bool(self._hit.all()):

@@ -153,10 +153,9 @@ class TorchWhisperDecoder:
         if random_weights:
             no_speech = NO_SPEECH_IDS.get(self.graph.vocab, no_speech)
             suppressed = self._unspeakable(tokenizer)
-        for g in graphs:
-            g.set_suppressed(suppressed)
         self.no_speech_id: int | None = no_speech
         for g in graphs:
+            g.set_suppressed(suppressed)
             if no_speech is not None:
                 g.set_probe(no_speech)
             g.set_prompt(self.prompt, self.begin_suppress)  # fed in the encoder's graph
