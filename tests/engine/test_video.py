@@ -99,5 +99,6 @@ async def test_two_sessions_frames_are_rendered_together(video_server: LiveServe
         assert len(first.video.arrivals) > seen, "frames keep coming"
         per_batch = (pool.frames - frames) / max(1, pool.batches - batches)
         assert per_batch > 1.6, per_batch
+        before = pool.frames  # the render thread goes on while the request is answered
         capacity = await engine_capacity(video_server.url, video_server.token)
-        assert capacity is not None and capacity["render"]["frames"] == pool.frames
+        assert capacity is not None and before <= capacity["render"]["frames"] <= pool.frames
