@@ -15,7 +15,8 @@ def test_objects_alive_when_frozen_are_out_of_every_later_collection() -> None:
     loaded = [[i] for i in range(1000)]  # tracked containers, like the models' Python objects
     try:
         frozen = freeze_loaded_heap()
-        assert frozen >= 1000 and frozen == gc.get_freeze_count()
+        # another thread may free a frozen object meanwhile (CI saw 799,114 frozen, then 799,112 left)
+        assert frozen >= 1000 and frozen - 100 <= gc.get_freeze_count() <= frozen
         walked = {id(o) for o in gc.get_objects()}  # what a full collection walks
         assert not any(id(x) in walked for x in loaded)
         made_later = [[0]]
